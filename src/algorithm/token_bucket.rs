@@ -1,0 +1,87 @@
+//! Token bucket: `burst` tokens, refilled lazily at `limit` per `period` and
+//! capped at `burst`; a check takes `cost` tokens. Suits per-second burst limits
+//! and cost-based limits (LLM tokens).
+//!
+//! Tokens are counted in the scaled integer units of [`BucketScale`]: one token
+//! is `unit` units and each tick adds `refill` units, so refills are exact.
+
+use super::{BucketScale, Decision, Micros, Outcome, Params, div_ceil, until_tick};
+
+/// `None` until the first admitted hit: an unused bucket is full.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct State {
+    pub level: Option<Level>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Level {
+    /// Tokens in scaled units at `tick`.
+    pub tokens: u64,
+    /// The tick of the last refill.
+    pub tick: u64,
+}
+
+pub fn decide(state: &mut State, now: Micros, cost: u64, params: &Params) -> Outcome {
+    let BucketScale {
+        unit,
+        refill,
+        capacity,
+    } = params.scale();
+    let tick_us = params.tick_us();
+    let now_tick = now / tick_us;
+    // A timestamp behind the last refill refills nothing (and never un-refills).
+    let (mut tokens, tick) = match state.level {
+        None => (capacity, now_tick),
+        Some(l) => {
+            let tick = now_tick.max(l.tick);
+            let elapsed = tick - l.tick;
+            let missing = capacity - l.tokens;
+            // Compare first so that elapsed × refill cannot leave the exact range.
+            let tokens = if elapsed >= div_ceil(missing, refill) {
+                capacity
+            } else {
+                l.tokens + elapsed * refill
+            };
+            (tokens, tick)
+        }
+    };
+    let need = cost * unit;
+    let allowed = tokens >= need;
+    let mut retry = 0;
+    if allowed {
+        tokens -= need;
+        state.level = Some(Level { tokens, tick });
+    } else {
+        retry = until_tick(now, tick + div_ceil(need - tokens, refill), tick_us);
+    }
+    let reset = until_tick(now, tick + div_ceil(capacity - tokens, refill), tick_us);
+    Outcome {
+        decision: Decision::new(allowed, params.limit(), tokens / unit, reset, retry),
+        keep_for_us: reset.max(params.ttl_floor_us()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+    use std::time::Duration;
+
+    #[test]
+    fn bursts_then_refills_at_the_rate() {
+        // 10 per second, burst 5: one token every 100 ms.
+        let p = Params::new(Algorithm::TokenBucket, 10, Duration::from_secs(1), Some(5)).unwrap();
+        let mut s = State::default();
+        let t = 1_700_000_000_000_000;
+        let d = decide(&mut s, t, 5, &p).decision;
+        assert!(d.allowed);
+        assert_eq!((d.remaining, d.reset_after_us), (0, 500_000));
+        let d = decide(&mut s, t + 50_000, 1, &p).decision;
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after_us, 50_000);
+        assert!(decide(&mut s, t + 100_000, 1, &p).decision.allowed);
+        // Long idle: refilled to the burst, never beyond.
+        let d = decide(&mut s, t + 3_600_000_000, 1, &p).decision;
+        assert_eq!(d.remaining, 4);
+    }
+}

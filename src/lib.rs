@@ -1,0 +1,7 @@
+//! Meridian: a multi-region rate limiter. See DESIGN.md for the architecture.
+//!
+//! The pure core (`algorithm`) decides; `store` keeps the state, embedded or in
+//! Redis.
+
+pub mod algorithm;
+pub mod store;

@@ -1,0 +1,106 @@
+//! Storage keys: `mr:{<rule>:<key>}` plus a per-algorithm suffix.
+//!
+//! The braces are the Redis Cluster hash tag, so every key of one check lands
+//! in one slot and a Lua script may touch them all. Rule and key are
+//! percent-escaped (`%`, `{`, `}`, `:`) before they go between the braces: no
+//! client value can close the tag early, open a second one, or make
+//! (rule "a:b", key "c") collide with (rule "a", key "b:c").
+
+use crate::algorithm::{Algorithm, InvalidInput};
+
+/// Longest rule name or client key accepted, in bytes (before escaping).
+pub const MAX_KEY_LEN: usize = 512;
+
+/// `mr:{<rule>:<key>}` — the prefix every key of this (rule, key) starts with.
+pub fn key_prefix(rule: &str, key: &str) -> Result<String, InvalidInput> {
+    check_len("rule", rule)?;
+    check_len("key", key)?;
+    let mut out = String::with_capacity(rule.len() + key.len() + 8);
+    out.push_str("mr:{");
+    escape_into(rule, &mut out);
+    out.push(':');
+    escape_into(key, &mut out);
+    out.push('}');
+    Ok(out)
+}
+
+/// The embedded store's map key: the Redis prefix plus the algorithm's tag, so
+/// both stores name state the same way.
+pub fn state_key(rule: &str, key: &str, algorithm: Algorithm) -> Result<String, InvalidInput> {
+    let mut k = key_prefix(rule, key)?;
+    k.push(':');
+    k.push_str(algorithm.key_tag());
+    Ok(k)
+}
+
+fn check_len(field: &'static str, value: &str) -> Result<(), InvalidInput> {
+    if value.len() > MAX_KEY_LEN {
+        let shown: String = value.chars().take(32).collect();
+        return Err(InvalidInput::new(
+            field,
+            format!("{shown}… ({} bytes)", value.len()),
+            format!("must be at most {MAX_KEY_LEN} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+fn escape_into(s: &str, out: &mut String) {
+    for c in s.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            ':' => out.push_str("%3A"),
+            c => out.push(c),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The hash tag Redis Cluster would use: between the first `{` and the next `}`.
+    fn hash_tag(k: &str) -> &str {
+        let open = k.find('{').unwrap();
+        let close = open + k[open..].find('}').unwrap();
+        &k[open + 1..close]
+    }
+
+    #[test]
+    fn crafted_values_stay_inside_one_tag() {
+        let k = key_prefix("r", "a}{b").unwrap();
+        assert_eq!(k, "mr:{r:a%7D%7Bb}");
+        assert_eq!(hash_tag(&k), "r:a%7D%7Bb");
+        assert_ne!(
+            key_prefix("a:b", "c").unwrap(),
+            key_prefix("a", "b:c").unwrap()
+        );
+        assert_ne!(
+            key_prefix("r", "%7B").unwrap(),
+            key_prefix("r", "{").unwrap()
+        );
+    }
+
+    #[test]
+    fn overlong_key_names_field_and_size() {
+        let e = key_prefix("r", &"x".repeat(513)).unwrap_err();
+        assert_eq!(e.field, "key");
+        assert!(e.value.contains("513 bytes"), "{}", e.value);
+        assert!(key_prefix("r", &"x".repeat(512)).is_ok());
+    }
+
+    proptest! {
+        /// Distinct (rule, key) pairs never share a prefix, and the tag is always
+        /// the whole escaped pair.
+        #[test]
+        fn prefixes_are_injective(r1 in "[a:{}%]{0,6}", k1 in "[a:{}%]{0,6}",
+                                  r2 in "[a:{}%]{0,6}", k2 in "[a:{}%]{0,6}") {
+            let (p1, p2) = (key_prefix(&r1, &k1).unwrap(), key_prefix(&r2, &k2).unwrap());
+            prop_assert_eq!(p1 == p2, (r1, k1) == (r2, k2));
+            prop_assert_eq!(hash_tag(&p1).len(), p1.len() - 5);
+        }
+    }
+}

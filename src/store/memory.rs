@@ -1,0 +1,214 @@
+//! The embedded store: state in this process, for library use, the `local`
+//! fail mode, the simulator and tests. Sharded so that threads checking
+//! different keys rarely meet on a lock.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Mutex;
+
+use super::{Limit, Store, StoreError, key, system_now};
+use crate::algorithm::{
+    Algorithm, Decision, InvalidInput, Micros, Outcome, fixed_window, leaky_bucket, precheck,
+    sliding_counter, sliding_log, token_bucket,
+};
+
+const SHARDS: usize = 64;
+
+pub struct MemoryStore {
+    /// `std::sync::Mutex`, not tokio's: no `.await` happens while one is held,
+    /// and a decision takes well under a microsecond.
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+}
+
+#[derive(Default)]
+struct Shard {
+    entries: HashMap<String, Entry>,
+    /// Checks since expired entries were last swept; a sweep runs once this
+    /// reaches the shard's size, so its cost is O(1) per check amortised.
+    since_sweep: usize,
+}
+
+struct Entry {
+    state: State,
+    expires_at: Micros,
+}
+
+/// Per-key state, one variant per algorithm (the key carries the algorithm's
+/// tag, so a key never changes variant).
+enum State {
+    FixedWindow(fixed_window::State),
+    SlidingLog(sliding_log::State),
+    SlidingCounter(sliding_counter::State),
+    TokenBucket(token_bucket::State),
+    LeakyBucket(leaky_bucket::State),
+}
+
+impl State {
+    fn fresh(algorithm: Algorithm) -> State {
+        match algorithm {
+            Algorithm::FixedWindow => State::FixedWindow(Default::default()),
+            Algorithm::SlidingWindowLog => State::SlidingLog(Default::default()),
+            Algorithm::SlidingWindowCounter => State::SlidingCounter(Default::default()),
+            Algorithm::TokenBucket => State::TokenBucket(Default::default()),
+            Algorithm::LeakyBucket => State::LeakyBucket(Default::default()),
+        }
+    }
+
+    fn decide(&mut self, now: Micros, cost: u64, limit: &Limit) -> Outcome {
+        let p = &limit.params;
+        match self {
+            State::FixedWindow(s) => fixed_window::decide(s, now, cost, p),
+            State::SlidingLog(s) => sliding_log::decide(s, now, cost, p),
+            State::SlidingCounter(s) => sliding_counter::decide(s, now, cost, p),
+            State::TokenBucket(s) => token_bucket::decide(s, now, cost, p),
+            State::LeakyBucket(s) => leaky_bucket::decide(s, now, cost, p),
+        }
+    }
+}
+
+impl MemoryStore {
+    pub fn new() -> MemoryStore {
+        MemoryStore {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    /// Decides a check at time `now` (µs since the Unix epoch), synchronously:
+    /// the in-process library calls this on its hot path.
+    pub fn check_at(
+        &self,
+        limit: &Limit,
+        key: &str,
+        cost: u64,
+        now: Micros,
+    ) -> Result<Decision, InvalidInput> {
+        if let Some(denied) = precheck(&limit.params, cost)? {
+            return Ok(denied);
+        }
+        let algorithm = limit.params.algorithm();
+        let state_key = key::state_key(&limit.rule, key, algorithm)?;
+        let shard = &self.shards[self.hasher.hash_one(&state_key) as usize % SHARDS];
+        // A poisoned shard only means another thread panicked mid-decision; the
+        // map itself is intact, so keep serving.
+        let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+        shard.since_sweep += 1;
+        if shard.since_sweep >= shard.entries.len().max(1024) {
+            shard.entries.retain(|_, e| e.expires_at > now);
+            shard.since_sweep = 0;
+        }
+        let entry = shard.entries.entry(state_key).or_insert_with(|| Entry {
+            state: State::fresh(algorithm),
+            expires_at: 0,
+        });
+        if entry.expires_at <= now {
+            entry.state = State::fresh(algorithm);
+        }
+        let outcome = entry.state.decide(now, cost, limit);
+        entry.expires_at = now + outcome.keep_for_us;
+        Ok(outcome.decision)
+    }
+
+    /// Keys currently held, expired or not (for tests and metrics).
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).entries.len())
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new()
+    }
+}
+
+impl Store for MemoryStore {
+    async fn check(
+        &self,
+        limit: &Limit,
+        key: &str,
+        cost: u64,
+        now: Option<Micros>,
+    ) -> Result<Decision, StoreError> {
+        Ok(self.check_at(limit, key, cost, now.unwrap_or_else(system_now))?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{DenyReason, Params};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    fn limit(algorithm: Algorithm, n: i64) -> Limit {
+        Limit {
+            rule: "r".into(),
+            params: Params::new(algorithm, n, Duration::from_secs(60), None).unwrap(),
+        }
+    }
+
+    #[test]
+    fn many_threads_admit_exactly_the_limit() {
+        let store = MemoryStore::new();
+        for algorithm in Algorithm::ALL {
+            let l = limit(algorithm, 1000);
+            let admitted = AtomicU64::new(0);
+            std::thread::scope(|s| {
+                for _ in 0..8 {
+                    s.spawn(|| {
+                        for _ in 0..200 {
+                            if store.check_at(&l, "k", 1, 1_000_000_000).unwrap().allowed {
+                                admitted.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    });
+                }
+            });
+            assert_eq!(admitted.into_inner(), 1000, "{algorithm}");
+        }
+    }
+
+    #[test]
+    fn expired_entries_are_swept() {
+        let store = MemoryStore::new();
+        let l = limit(Algorithm::FixedWindow, 10);
+        for i in 0..5000 {
+            store.check_at(&l, &format!("k{i}"), 1, 0).unwrap();
+        }
+        assert!(store.len() >= 5000);
+        // An hour later every window has expired; traffic on 2000 other keys
+        // reaches every shard often enough to sweep the old ones away.
+        for i in 0..(SHARDS * 6000) {
+            store
+                .check_at(&l, &format!("n{}", i % 2000), 1, 3_600_000_000)
+                .unwrap();
+        }
+        assert_eq!(store.len(), 2000);
+    }
+
+    #[test]
+    fn bad_input_is_an_error_and_oversized_cost_a_reasoned_denial() {
+        let store = MemoryStore::new();
+        let l = limit(Algorithm::TokenBucket, 10);
+        assert_eq!(store.check_at(&l, "k", 0, 0).unwrap_err().field, "cost");
+        let d = store.check_at(&l, "k", 11, 0).unwrap();
+        assert!(!d.allowed);
+        assert_eq!(
+            d.reason,
+            Some(DenyReason::CostExceedsCapacity {
+                cost: 11,
+                capacity: 10
+            })
+        );
+        let long = "k".repeat(600);
+        assert_eq!(store.check_at(&l, &long, 1, 0).unwrap_err().field, "key");
+    }
+}

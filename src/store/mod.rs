@@ -1,0 +1,71 @@
+//! Where counters live: the [`Store`] trait and its two implementations,
+//! [`MemoryStore`] (embedded, one process) and [`RedisStore`] (standalone or
+//! Cluster, shared by every pod of a region).
+//!
+//! Both run the same algorithms (`crate::algorithm`) with the same key layout
+//! (`key`), so a check answers the same wherever the state is kept.
+
+pub mod key;
+mod memory;
+pub mod redis;
+
+pub use memory::MemoryStore;
+pub use redis::{RedisConfig, RedisStore};
+
+use std::future::Future;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::algorithm::{Decision, InvalidInput, Micros, Params};
+
+/// One limit as a store sees it: the rule it belongs to (part of every key)
+/// and its validated parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limit {
+    pub rule: String,
+    pub params: Params,
+}
+
+/// Decides one check atomically against shared state.
+///
+/// `now` is the caller's clock in µs since the Unix epoch; `None` means the
+/// store's own clock (the Redis server's `TIME`, so every pod of a region agrees
+/// on window boundaries whatever their own clocks say).
+pub trait Store: Send + Sync {
+    fn check(
+        &self,
+        limit: &Limit,
+        key: &str,
+        cost: u64,
+        now: Option<Micros>,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+}
+
+/// Why a store could not decide.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(transparent)]
+    InvalidInput(#[from] InvalidInput),
+    #[error("redis did not answer within the {0:?} deadline")]
+    Timeout(Duration),
+    #[error("redis connection failed: {0}")]
+    Connection(#[source] ::redis::RedisError),
+    #[error("redis refused the command: {0}")]
+    Server(#[source] ::redis::RedisError),
+    #[error("unexpected reply from redis: {0}")]
+    Reply(String),
+}
+
+impl StoreError {
+    /// Whether retrying (or falling back per the rule's fail mode) makes sense:
+    /// the store was unreachable or slow, not the request wrong.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Timeout(_) | StoreError::Connection(_))
+    }
+}
+
+/// The local wall clock in µs, for stores that are not told the time.
+pub fn system_now() -> Micros {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as Micros)
+}

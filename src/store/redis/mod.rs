@@ -1,0 +1,202 @@
+//! The Redis store: one atomic Lua script per check on the node that owns the
+//! key, standalone or Cluster.
+//!
+//! Connections: standalone uses a `ConnectionManager` (one multiplexed
+//! connection that reconnects by itself); Cluster uses the cluster client,
+//! which keeps one multiplexed connection per node and follows MOVED/ASK.
+//! Scripts go out as EVALSHA; on NOSCRIPT (a restarted or failed-over Redis)
+//! the `redis` crate loads the script and retries once.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{RedisError, Script};
+
+use super::{Limit, Store, StoreError, key};
+use crate::algorithm::{Algorithm, Decision, DenyReason, Micros, precheck};
+
+/// The Lua source of each algorithm, prelude included (see `scripts/prelude.lua`).
+pub fn script_source(algorithm: Algorithm) -> &'static str {
+    macro_rules! with_prelude {
+        ($file:literal) => {
+            concat!(include_str!("scripts/prelude.lua"), include_str!($file))
+        };
+    }
+    match algorithm {
+        Algorithm::FixedWindow => with_prelude!("scripts/fixed_window.lua"),
+        Algorithm::SlidingWindowLog => with_prelude!("scripts/sliding_log.lua"),
+        Algorithm::SlidingWindowCounter => with_prelude!("scripts/sliding_counter.lua"),
+        Algorithm::TokenBucket => with_prelude!("scripts/token_bucket.lua"),
+        Algorithm::LeakyBucket => with_prelude!("scripts/leaky_bucket.lua"),
+    }
+}
+
+/// How to reach Redis.
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    /// `redis://[user:pass@]host:port[/db]` for one server. Several URLs, or one
+    /// `redis+cluster://host:port[,host:port…]`, mean a Redis Cluster (seed nodes).
+    pub urls: Vec<String>,
+    /// Longest a single check may take before it fails with `Timeout` (and the
+    /// rule's fail mode decides). Checks take well under a millisecond normally.
+    pub deadline: Duration,
+    /// Longest connecting (and each reconnect attempt) may take.
+    pub connect_timeout: Duration,
+}
+
+impl RedisConfig {
+    pub fn new(url: impl Into<String>) -> RedisConfig {
+        RedisConfig {
+            urls: vec![url.into()],
+            deadline: Duration::from_millis(100),
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+pub struct RedisStore {
+    connection: Connection,
+    /// One per algorithm, indexed by `Algorithm as usize`; each knows its SHA1.
+    scripts: [Script; 5],
+    deadline: Duration,
+}
+
+/// Clones are cheap handles onto the same multiplexed connection(s).
+#[derive(Clone)]
+enum Connection {
+    Standalone(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl RedisStore {
+    pub async fn connect(config: &RedisConfig) -> Result<RedisStore, StoreError> {
+        let nodes = cluster_nodes(&config.urls);
+        let connecting = async {
+            match nodes {
+                Some(nodes) => {
+                    let client = ClusterClient::builder(nodes)
+                        .connection_timeout(config.connect_timeout)
+                        .response_timeout(config.deadline)
+                        .build()?;
+                    Ok(Connection::Cluster(client.get_async_connection().await?))
+                }
+                None => {
+                    let url = config.urls.first().map(String::as_str).unwrap_or_default();
+                    let client = redis::Client::open(url)?;
+                    let manager = ConnectionManagerConfig::new()
+                        .set_connection_timeout(Some(config.connect_timeout))
+                        .set_response_timeout(Some(config.deadline))
+                        .set_number_of_retries(2);
+                    Ok(Connection::Standalone(
+                        client.get_connection_manager_with_config(manager).await?,
+                    ))
+                }
+            }
+        };
+        // Cluster discovery can hang on an unreachable seed; bound the whole connect.
+        let connection = tokio::time::timeout(config.connect_timeout * 2, connecting)
+            .await
+            .map_err(|_| StoreError::Timeout(config.connect_timeout * 2))?
+            .map_err(|e| classify(e, config.connect_timeout))?;
+        Ok(RedisStore {
+            connection,
+            scripts: Algorithm::ALL.map(|a| Script::new(script_source(a))),
+            deadline: config.deadline,
+        })
+    }
+
+    fn script(&self, algorithm: Algorithm) -> &Script {
+        &self.scripts[algorithm as usize]
+    }
+}
+
+impl Store for RedisStore {
+    async fn check(
+        &self,
+        limit: &Limit,
+        key: &str,
+        cost: u64,
+        now: Option<Micros>,
+    ) -> Result<Decision, StoreError> {
+        let params = &limit.params;
+        if let Some(denied) = precheck(params, cost)? {
+            return Ok(denied);
+        }
+        let prefix = key::key_prefix(&limit.rule, key)?;
+        let scale = params.scale();
+        let mut invocation = self.script(params.algorithm()).key(prefix);
+        invocation
+            .arg(now.map(|n| n.to_string()).unwrap_or_default())
+            .arg(cost)
+            .arg(params.limit())
+            .arg(params.period_us())
+            .arg(params.tick_us())
+            .arg(scale.unit)
+            .arg(scale.refill)
+            .arg(scale.capacity)
+            .arg(params.ttl_floor_us());
+        let call = async {
+            match self.connection.clone() {
+                Connection::Standalone(mut c) => invocation.invoke_async(&mut c).await,
+                Connection::Cluster(mut c) => invocation.invoke_async(&mut c).await,
+            }
+        };
+        let reply: Vec<i64> = tokio::time::timeout(self.deadline, call)
+            .await
+            .map_err(|_| StoreError::Timeout(self.deadline))?
+            .map_err(|e| classify(e, self.deadline))?;
+        decision_from_reply(&reply)
+    }
+}
+
+/// `Some(seed nodes)` when the URLs describe a Cluster.
+fn cluster_nodes(urls: &[String]) -> Option<Vec<String>> {
+    if let [url] = urls {
+        let rest = url.strip_prefix("redis+cluster://")?;
+        return Some(
+            rest.split(',')
+                .map(|node| format!("redis://{}", node.trim()))
+                .collect(),
+        );
+    }
+    (urls.len() > 1).then(|| urls.to_vec())
+}
+
+/// Sorts a client error into the store's classes; `waited` is the timeout that
+/// applied, reported if the client gave up on it.
+fn classify(e: RedisError, waited: Duration) -> StoreError {
+    if e.is_timeout() {
+        StoreError::Timeout(waited)
+    } else if e.is_io_error()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
+    {
+        StoreError::Connection(e)
+    } else {
+        StoreError::Server(e)
+    }
+}
+
+fn decision_from_reply(reply: &[i64]) -> Result<Decision, StoreError> {
+    let &[allowed, limit, remaining, reset, retry, delay] = reply else {
+        return Err(StoreError::Reply(format!(
+            "expected 6 integers, got {reply:?}"
+        )));
+    };
+    let non_negative = |v: i64| {
+        u64::try_from(v).map_err(|_| StoreError::Reply(format!("negative value in {reply:?}")))
+    };
+    let allowed = allowed == 1;
+    Ok(Decision {
+        allowed,
+        limit: non_negative(limit)?,
+        remaining: non_negative(remaining)?,
+        reset_after_us: non_negative(reset)?,
+        retry_after_us: non_negative(retry)?,
+        delay_us: non_negative(delay)?,
+        reason: (!allowed).then_some(DenyReason::OverLimit),
+    })
+}

@@ -1,0 +1,31 @@
+-- leaky_bucket (GCRA): TAT as tick + scaled backlog (src/algorithm/leaky_bucket.rs).
+-- Hash fields: b = backlog (scaled units) still to drain after tick k.
+local key = prefix .. ':lb'
+local now_tick = math.floor(now / tick_us)
+local st = redis.call('HMGET', key, 'b', 'k')
+local backlog, tick = 0, now_tick
+if st[1] then
+  local last_backlog, last_tick = tonumber(st[1]), tonumber(st[2])
+  tick = math.max(now_tick, last_tick)
+  local elapsed = tick - last_tick
+  if elapsed >= ceil_div(last_backlog, refill) then
+    backlog = 0
+  else
+    backlog = last_backlog - elapsed * refill
+  end
+end
+local after = backlog + cost * unit
+local allowed, retry, delay, level = 0, 0, 0, backlog
+if after <= capacity then
+  allowed, level = 1, after
+  delay = until_tick(tick + ceil_div(backlog, refill))
+else
+  retry = until_tick(tick + ceil_div(after - capacity, refill))
+  delay = retry
+end
+local reset = until_tick(tick + ceil_div(level, refill))
+if allowed == 1 then
+  redis.call('HSET', key, 'b', int(after), 'k', int(tick))
+  expire(key, reset)
+end
+return {allowed, limit, math.floor((capacity - level) / unit), reset, retry, delay}
