@@ -144,7 +144,7 @@ impl Params {
                 "must be between 1ms and 366 days",
             ));
         }
-        if period.subsec_nanos() % 1_000_000 != 0 {
+        if !period.subsec_nanos().is_multiple_of(1_000_000) {
             return Err(InvalidInput::new(
                 "period",
                 format!("{period:?}"),
@@ -286,7 +286,7 @@ fn too_fine(field: &'static str, value: u64) -> InvalidInput {
 fn finest_tick(period_us: Micros, product: impl Fn(u64) -> Option<u64>) -> Option<Micros> {
     (0..=6)
         .map(|e| 10u64.pow(e))
-        .filter(|tick| period_us % tick == 0)
+        .filter(|&tick| period_us.is_multiple_of(tick))
         .find(|tick| product(period_us / tick).is_some_and(|p| p < EXACT))
 }
 
@@ -350,6 +350,35 @@ mod tests {
                 capacity: 500_000
             }
         );
+    }
+
+    #[test]
+    fn scale_matches_the_lua_benchmark_arguments() {
+        // benches/lua_scripts.sh passes these numbers to the bucket scripts.
+        let p = Params::new(
+            Algorithm::LeakyBucket,
+            1_000_000,
+            Duration::from_secs(60),
+            None,
+        )
+        .unwrap();
+        assert_eq!(p.tick_us(), 1);
+        assert_eq!(
+            p.scale(),
+            BucketScale {
+                unit: 60,
+                refill: 1,
+                capacity: 60_000_000
+            }
+        );
+        let p = Params::new(
+            Algorithm::SlidingWindowCounter,
+            1_000_000,
+            Duration::from_secs(60),
+            None,
+        )
+        .unwrap();
+        assert_eq!(p.tick_us(), 1);
     }
 
     #[test]

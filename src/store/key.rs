@@ -13,24 +13,34 @@ pub const MAX_KEY_LEN: usize = 512;
 
 /// `mr:{<rule>:<key>}` — the prefix every key of this (rule, key) starts with.
 pub fn key_prefix(rule: &str, key: &str) -> Result<String, InvalidInput> {
-    check_len("rule", rule)?;
-    check_len("key", key)?;
     let mut out = String::with_capacity(rule.len() + key.len() + 8);
-    out.push_str("mr:{");
-    escape_into(rule, &mut out);
-    out.push(':');
-    escape_into(key, &mut out);
-    out.push('}');
+    write_prefix(&mut out, rule, key)?;
     Ok(out)
 }
 
-/// The embedded store's map key: the Redis prefix plus the algorithm's tag, so
-/// both stores name state the same way.
-pub fn state_key(rule: &str, key: &str, algorithm: Algorithm) -> Result<String, InvalidInput> {
-    let mut k = key_prefix(rule, key)?;
-    k.push(':');
-    k.push_str(algorithm.key_tag());
-    Ok(k)
+/// Appends the embedded store's map key to `out`: the Redis prefix plus the
+/// algorithm's tag, so both stores name state the same way.
+pub fn write_state_key(
+    out: &mut String,
+    rule: &str,
+    key: &str,
+    algorithm: Algorithm,
+) -> Result<(), InvalidInput> {
+    write_prefix(out, rule, key)?;
+    out.push(':');
+    out.push_str(algorithm.key_tag());
+    Ok(())
+}
+
+fn write_prefix(out: &mut String, rule: &str, key: &str) -> Result<(), InvalidInput> {
+    check_len("rule", rule)?;
+    check_len("key", key)?;
+    out.push_str("mr:{");
+    escape_into(rule, out);
+    out.push(':');
+    escape_into(key, out);
+    out.push('}');
+    Ok(())
 }
 
 fn check_len(field: &'static str, value: &str) -> Result<(), InvalidInput> {
@@ -46,6 +56,10 @@ fn check_len(field: &'static str, value: &str) -> Result<(), InvalidInput> {
 }
 
 fn escape_into(s: &str, out: &mut String) {
+    if !s.contains(['%', '{', '}', ':']) {
+        out.push_str(s);
+        return;
+    }
     for c in s.chars() {
         match c {
             '%' => out.push_str("%25"),

@@ -2,9 +2,12 @@
 //! fail mode, the simulator and tests. Sharded so that threads checking
 //! different keys rarely meet on a lock.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::cell::RefCell;
+use std::hash::BuildHasher;
 use std::sync::Mutex;
+
+use foldhash::fast::RandomState;
+use hashbrown::HashTable;
 
 use super::{Limit, Store, StoreError, key, system_now};
 use crate::algorithm::{
@@ -14,22 +17,32 @@ use crate::algorithm::{
 
 const SHARDS: usize = 64;
 
+thread_local! {
+    /// Reused to build state keys, so a check of a known key allocates nothing.
+    static KEY_BUFFER: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
 pub struct MemoryStore {
     /// `std::sync::Mutex`, not tokio's: no `.await` happens while one is held,
     /// and a decision takes well under a microsecond.
     shards: Box<[Mutex<Shard>]>,
+    /// One hash per check picks the shard (low bits) and the slot in it.
     hasher: RandomState,
 }
 
 #[derive(Default)]
 struct Shard {
-    entries: HashMap<String, Entry>,
+    /// Keyed by the state key's hash; the key itself is in the entry, so a hit
+    /// needs no allocation.
+    entries: HashTable<Entry>,
     /// Checks since expired entries were last swept; a sweep runs once this
     /// reaches the shard's size, so its cost is O(1) per check amortised.
     since_sweep: usize,
 }
 
 struct Entry {
+    key: Box<str>,
+    hash: u64,
     state: State,
     expires_at: Micros,
 }
@@ -71,7 +84,7 @@ impl MemoryStore {
     pub fn new() -> MemoryStore {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            hasher: RandomState::new(),
+            hasher: RandomState::default(),
         }
     }
 
@@ -88,26 +101,41 @@ impl MemoryStore {
             return Ok(denied);
         }
         let algorithm = limit.params.algorithm();
-        let state_key = key::state_key(&limit.rule, key, algorithm)?;
-        let shard = &self.shards[self.hasher.hash_one(&state_key) as usize % SHARDS];
+        KEY_BUFFER.with_borrow_mut(|state_key| {
+            state_key.clear();
+            key::write_state_key(state_key, &limit.rule, key, algorithm)?;
+            Ok(self.decide(state_key, now, cost, limit))
+        })
+    }
+
+    fn decide(&self, state_key: &str, now: Micros, cost: u64, limit: &Limit) -> Decision {
+        let algorithm = limit.params.algorithm();
+        let hash = self.hasher.hash_one(state_key);
+        let shard = &self.shards[hash as usize % SHARDS];
         // A poisoned shard only means another thread panicked mid-decision; the
         // map itself is intact, so keep serving.
         let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
         shard.since_sweep += 1;
         if shard.since_sweep >= shard.entries.len().max(1024) {
-            shard.entries.retain(|_, e| e.expires_at > now);
+            shard.entries.retain(|e| e.expires_at > now);
             shard.since_sweep = 0;
         }
-        let entry = shard.entries.entry(state_key).or_insert_with(|| Entry {
-            state: State::fresh(algorithm),
-            expires_at: 0,
-        });
+        let entry = shard
+            .entries
+            .entry(hash, |e| *e.key == *state_key, |e| e.hash)
+            .or_insert_with(|| Entry {
+                key: state_key.into(),
+                hash,
+                state: State::fresh(algorithm),
+                expires_at: 0,
+            })
+            .into_mut();
         if entry.expires_at <= now {
             entry.state = State::fresh(algorithm);
         }
         let outcome = entry.state.decide(now, cost, limit);
         entry.expires_at = now + outcome.keep_for_us;
-        Ok(outcome.decision)
+        outcome.decision
     }
 
     /// Keys currently held, expired or not (for tests and metrics).

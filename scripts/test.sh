@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Meridian's test command: installs what the tests need when it is missing,
+# then runs the formatting check, clippy and the whole test suite.
+# Usage: scripts/test.sh   (from any directory; needs Rust, and root or sudo
+# on a machine without redis-server)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+apt_install() {
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "==> installing $* (apt-get)"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
+# The tests start their own redis-server processes (never the one on 6379)
+# and build a Redis Cluster with redis-cli.
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+  apt_install redis-server redis-tools
+fi
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  rustup component add rustfmt clippy
+fi
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+echo "==> cargo clippy"
+cargo clippy --all-targets --locked -- -D warnings
+echo "==> cargo test"
+cargo test --all-targets --locked
+cargo test --doc --locked

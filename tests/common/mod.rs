@@ -1,0 +1,237 @@
+//! Shared test harness: real `redis-server` processes on free ports, each in
+//! its own temp dir, killed when the handle drops (also when a test panics).
+//! Tests never touch a Redis they did not start.
+
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+const INSTALL_HINT: &str = "Meridian's tests start their own redis-server processes. \
+     Install Redis (Debian/Ubuntu: `sudo apt-get install -y redis-server`, which also \
+     brings redis-cli), or run the README's test command, which installs it.";
+
+fn require(binary: &str) {
+    let found = Command::new(binary)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(found, "`{binary}` not found on PATH. {INSTALL_HINT}");
+}
+
+/// Ports are handed out from a range per test process (offset by pid) and
+/// checked free, so parallel tests and test binaries rarely race for one.
+/// A Cluster node also needs port + 10000 for its bus.
+fn free_port() -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 20_000 + (std::process::id() % 200) as u16 * 100;
+    loop {
+        let port = base + NEXT.fetch_add(1, Ordering::Relaxed) % 15_000;
+        let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if port < 45_000 && free(port) && free(port + 10_000) {
+            return port;
+        }
+    }
+}
+
+/// One `redis-server` process.
+pub struct RedisServer {
+    child: Child,
+    port: u16,
+    dir: TempDir,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments; retries on another
+    /// port if the chosen one was taken meanwhile.
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        require("redis-server");
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().expect("temp dir for redis-server");
+            let port = free_port();
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+                .arg("--dir")
+                .arg(dir.path())
+                .arg("--logfile")
+                .arg(dir.path().join("redis.log"))
+                .args(extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn redis-server");
+            let mut server = RedisServer { child, port, dir };
+            if server.wait_ready(Duration::from_secs(10)) {
+                return server;
+            }
+        }
+        panic!("redis-server did not start on 5 different ports");
+    }
+
+    fn wait_ready(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return false; // exited: port taken, most likely
+            }
+            if ping(self.port) {
+                return true;
+            }
+            sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A plain synchronous connection for inspecting state from a test.
+    pub fn connection(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection())
+            .expect("connect to test redis")
+    }
+
+    /// Freezes the process (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        signal(self.child.id(), "-STOP");
+    }
+
+    pub fn resume(&self) {
+        signal(self.child.id(), "-CONT");
+    }
+
+    /// kill -9, as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.resume(); // a stopped process ignores nothing but SIGKILL; be tidy anyway
+        self.kill();
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
+}
+
+/// Sends PING over a raw socket, so readiness does not depend on any client.
+fn ping(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut buf = [0u8; 64];
+    s.write_all(b"PING\r\n").is_ok()
+        && s.read(&mut buf)
+            .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
+}
+
+/// A real Redis Cluster of three masters (no replicas), slots split evenly.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        require("redis-cli");
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                ])
+            })
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = RedisCluster { nodes };
+        cluster.wait_ok(Duration::from_secs(20));
+        cluster
+    }
+
+    /// Waits until every node reports the cluster healthy and agrees on all slots.
+    fn wait_ok(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let ok = self.nodes.iter().all(|n| {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut n.connection())
+                    .unwrap_or_default();
+                info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+            });
+            if ok {
+                return;
+            }
+            assert!(Instant::now() < deadline, "cluster did not become ready");
+            sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The `redis+cluster://` URL Meridian accepts for a Cluster.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    /// Number of keys each master holds.
+    pub fn keys_per_node(&self) -> Vec<usize> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                redis::cmd("DBSIZE")
+                    .query(&mut n.connection())
+                    .expect("DBSIZE")
+            })
+            .collect()
+    }
+}

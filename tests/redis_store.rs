@@ -1,0 +1,330 @@
+//! RedisStore against real redis-server processes: atomicity under
+//! concurrency, boundary behaviour, TTLs, the server clock, script reloads,
+//! faults, and key isolation.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::RedisServer;
+use meridian::algorithm::{Algorithm, DenyReason, Params};
+use meridian::store::{Limit, MemoryStore, RedisConfig, RedisStore, Store, StoreError};
+use redis::Commands;
+
+/// A window boundary for every period these tests use.
+const EDGE: u64 = 1_800_000_000_000_000;
+
+fn limit(rule: &str, algorithm: Algorithm, n: i64, period: Duration) -> Limit {
+    Limit {
+        rule: rule.into(),
+        params: Params::new(algorithm, n, period, None).expect("valid params"),
+    }
+}
+
+async fn connect(server: &RedisServer) -> RedisStore {
+    RedisStore::connect(&RedisConfig::new(server.url()))
+        .await
+        .expect("connect to test redis")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_checks_admit_exactly_the_limit() {
+    let server = RedisServer::start();
+    let mut stores = Vec::new();
+    for _ in 0..8 {
+        stores.push(Arc::new(connect(&server).await));
+    }
+    for algorithm in Algorithm::ALL {
+        let l = Arc::new(limit("hammer", algorithm, 1000, Duration::from_secs(3600)));
+        let admitted = Arc::new(AtomicU64::new(0));
+        let tasks: Vec<_> = (0..64)
+            .map(|i| {
+                let (store, l, admitted) = (stores[i % 8].clone(), l.clone(), admitted.clone());
+                tokio::spawn(async move {
+                    for _ in 0..25 {
+                        let d = store
+                            .check(&l, "one-key", 1, Some(EDGE))
+                            .await
+                            .expect("check");
+                        if d.allowed {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.expect("task");
+        }
+        assert_eq!(admitted.load(Ordering::Relaxed), 1000, "{algorithm}");
+    }
+}
+
+/// Admitted hits in the 2 ms around a window edge, L before and L after.
+async fn admitted_across_edge(store: &impl Store, algorithm: Algorithm) -> usize {
+    let l = limit("edge", algorithm, 100, Duration::from_secs(10));
+    let mut admitted = 0;
+    for now in [EDGE - 1_000, EDGE + 1_000] {
+        for _ in 0..100 {
+            if store
+                .check(&l, "k", 1, Some(now))
+                .await
+                .expect("check")
+                .allowed
+            {
+                admitted += 1;
+            }
+        }
+    }
+    admitted
+}
+
+#[tokio::test]
+async fn fixed_window_bursts_across_an_edge_sliding_windows_do_not() {
+    let server = RedisServer::start();
+    let redis = connect(&server).await;
+    let memory = MemoryStore::new();
+    for (name, admitted) in [
+        (
+            "redis",
+            admitted_across_edge(&redis, Algorithm::FixedWindow).await,
+        ),
+        (
+            "memory",
+            admitted_across_edge(&memory, Algorithm::FixedWindow).await,
+        ),
+    ] {
+        assert_eq!(
+            admitted, 200,
+            "fixed window on {name} admits 2 × L at the edge"
+        );
+    }
+    for algorithm in [Algorithm::SlidingWindowLog, Algorithm::SlidingWindowCounter] {
+        let on_redis = admitted_across_edge(&redis, algorithm).await;
+        let in_memory = admitted_across_edge(&memory, algorithm).await;
+        assert_eq!(on_redis, in_memory, "{algorithm}");
+        // The counter weighs the previous window at 99.98 %: at most one extra hit.
+        assert!(
+            on_redis <= 101,
+            "{algorithm} admitted {on_redis} of 200 at the edge"
+        );
+    }
+}
+
+#[tokio::test]
+async fn every_key_expires_no_later_than_its_algorithm_needs() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let mut conn = server.connection();
+    let period = Duration::from_secs(60);
+    for algorithm in Algorithm::ALL {
+        let l = Limit {
+            rule: format!("ttl-{algorithm}"),
+            params: Params::new(algorithm, 10, period, algorithm.has_burst().then_some(5))
+                .expect("params"),
+        };
+        let d = store.check(&l, "k", 1, None).await.expect("check");
+        assert!(d.allowed);
+        let keys: Vec<String> = conn
+            .keys(format!("mr:{{ttl-{algorithm}:k}}*"))
+            .expect("KEYS");
+        assert!(!keys.is_empty(), "{algorithm} wrote no key");
+        for key in keys {
+            let pttl: i64 = conn.pttl(&key).expect("PTTL");
+            let bound = match algorithm {
+                // Read as "previous" through the next window.
+                Algorithm::SlidingWindowCounter => 2 * period.as_millis() as i64,
+                // Until the bucket is full again: one token at 10/min is 6 s.
+                Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                    d.reset_after().as_millis() as i64 + 1
+                }
+                _ => period.as_millis() as i64,
+            };
+            assert!(
+                pttl > 0 && pttl <= bound,
+                "{key}: PTTL {pttl} ms, bound {bound} ms"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn windows_follow_the_redis_clock_without_a_timestamp() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let mut conn = server.connection();
+    let server_us = |conn: &mut redis::Connection| -> u64 {
+        let (s, us): (u64, u64) = redis::cmd("TIME").query(conn).expect("TIME");
+        s * 1_000_000 + us
+    };
+    let l = limit(
+        "clock",
+        Algorithm::FixedWindow,
+        5,
+        Duration::from_millis(250),
+    );
+    let before = server_us(&mut conn) / 250_000;
+    store.check(&l, "k", 1, None).await.expect("check");
+    let after = server_us(&mut conn) / 250_000;
+    let keys: Vec<String> = conn.keys("mr:{clock:k}:fw:*").expect("KEYS");
+    let window: u64 = keys[0]
+        .rsplit(':')
+        .next()
+        .and_then(|w| w.parse().ok())
+        .expect("index");
+    assert!(
+        (before..=after).contains(&window),
+        "{window} not in {before}..={after}"
+    );
+    // A caller's timestamp names its own window instead.
+    store.check(&l, "k", 1, Some(EDGE)).await.expect("check");
+    let own: bool = conn
+        .exists(format!("mr:{{clock:k}}:fw:{}", EDGE / 250_000))
+        .expect("EXISTS");
+    assert!(own);
+}
+
+#[tokio::test]
+async fn flushed_script_cache_is_reloaded() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let l = limit("flush", Algorithm::TokenBucket, 3, Duration::from_secs(60));
+    assert!(store.check(&l, "k", 1, None).await.expect("check").allowed);
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.connection())
+        .expect("flush");
+    let d = store
+        .check(&l, "k", 1, None)
+        .await
+        .expect("check after SCRIPT FLUSH");
+    assert_eq!(d.remaining, 1, "state survived, script reloaded");
+}
+
+#[tokio::test]
+async fn frozen_redis_fails_within_the_deadline_then_recovers() {
+    let server = RedisServer::start();
+    let mut config = RedisConfig::new(server.url());
+    config.deadline = Duration::from_millis(200);
+    let store = RedisStore::connect(&config).await.expect("connect");
+    let l = limit(
+        "freeze",
+        Algorithm::FixedWindow,
+        100,
+        Duration::from_secs(60),
+    );
+    store.check(&l, "k", 1, None).await.expect("check");
+
+    server.pause();
+    let started = Instant::now();
+    let err = store
+        .check(&l, "k", 1, None)
+        .await
+        .expect_err("frozen redis must not answer");
+    assert!(matches!(err, StoreError::Timeout(_)), "{err:?}");
+    assert!(err.is_transient());
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+
+    server.resume();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match store.check(&l, "k", 1, None).await {
+            Ok(d) => break assert!(d.allowed),
+            Err(e) if Instant::now() < deadline => {
+                assert!(e.is_transient(), "{e:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("no recovery after resume: {e:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn killed_redis_is_a_transient_error() {
+    let mut server = RedisServer::start();
+    let store = connect(&server).await;
+    let l = limit(
+        "kill",
+        Algorithm::SlidingWindowCounter,
+        100,
+        Duration::from_secs(60),
+    );
+    store.check(&l, "k", 1, None).await.expect("check");
+    server.kill();
+    let err = store
+        .check(&l, "k", 1, None)
+        .await
+        .expect_err("dead redis must not answer");
+    assert!(err.is_transient(), "{err:?}");
+}
+
+#[tokio::test]
+async fn bad_input_is_typed_and_names_the_field() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let l = limit("bad", Algorithm::FixedWindow, 10, Duration::from_secs(60));
+    match store.check(&l, "k", 0, None).await {
+        Err(StoreError::InvalidInput(e)) => assert_eq!((e.field, e.value.as_str()), ("cost", "0")),
+        other => panic!("cost 0: {other:?}"),
+    }
+    match store.check(&l, &"x".repeat(513), 1, None).await {
+        Err(StoreError::InvalidInput(e)) => assert_eq!(e.field, "key"),
+        other => panic!("long key: {other:?}"),
+    }
+    let d = store
+        .check(&l, "k", 11, None)
+        .await
+        .expect("over-capacity cost is a decision");
+    assert!(!d.allowed);
+    assert_eq!(
+        d.reason,
+        Some(DenyReason::CostExceedsCapacity {
+            cost: 11,
+            capacity: 10
+        })
+    );
+    let keys: Vec<String> = server.connection().keys("mr:*").expect("KEYS");
+    assert!(keys.is_empty(), "rejected checks wrote {keys:?}");
+}
+
+/// (rule, key) pairs built to collide if escaping or the hash tag were wrong.
+pub const CRAFTED: [(&str, &str); 9] = [
+    ("r", "a}{b"),
+    ("r", "a"),
+    ("r", "b"),
+    ("r", "{a}"),
+    ("r", "a:b"),
+    ("r:a", "b"),
+    ("r", "%7D"),
+    ("r", "}"),
+    ("r}", ""),
+];
+
+#[tokio::test]
+async fn crafted_keys_never_share_state() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    for algorithm in Algorithm::ALL {
+        for (rule, key) in CRAFTED {
+            let l = limit(rule, algorithm, 1, Duration::from_secs(60));
+            let d = store.check(&l, key, 1, None).await.expect("check");
+            assert!(
+                d.allowed,
+                "{algorithm} ({rule:?}, {key:?}) saw another key's hit"
+            );
+        }
+    }
+    let keys: Vec<String> = server.connection().keys("mr:*").expect("KEYS");
+    // Every (rule, key, algorithm) has its own state (the sliding log has two keys).
+    assert_eq!(
+        keys.len(),
+        CRAFTED.len() * (Algorithm::ALL.len() + 1),
+        "{keys:#?}"
+    );
+}
