@@ -26,7 +26,9 @@ async fn run(store: &impl Store) -> anyhow::Result<()> {
         };
         print!("{:<24}", algorithm.name());
         for i in 0..6 {
-            let d = store.check(&limit, "customer-42", 1, Some(start + i * 100_000)).await?;
+            let d = store
+                .check(&limit, "customer-42", 1, Some(start + i * 100_000))
+                .await?;
             if d.allowed {
                 print!("  ok, {} left ", d.remaining);
             } else {
