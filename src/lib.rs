@@ -4,4 +4,6 @@
 //! Redis.
 
 pub mod algorithm;
+pub mod proto;
+pub mod rules;
 pub mod store;

@@ -1,0 +1,118 @@
+//! The validated rule model the limiter and the coordinator consume.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algorithm::Params;
+
+/// One rule file handed to the parser: its name (used in every error
+/// message, usually the path) and its YAML text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleFile {
+    pub name: String,
+    pub text: String,
+}
+
+/// Envoy's rate limit units, plus `Custom` for Meridian's `period` field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    /// 30 days, as envoyproxy/ratelimit counts it.
+    Month,
+    /// 365 days, as envoyproxy/ratelimit counts it.
+    Year,
+    /// A `period:` that is none of the above.
+    Custom(Duration),
+}
+
+/// What the limiter does when the store errors or misses its deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailMode {
+    /// Allow (Envoy's own default when the limiter is unreachable).
+    #[default]
+    Open,
+    /// Deny.
+    Closed,
+    /// Enforce limit ÷ pods-in-region in process memory.
+    Local,
+}
+
+/// Region: each region enforces the limit on its own. Global: one limit for
+/// the world, divided between regions by the coordinator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scope {
+    #[default]
+    Region,
+    Global,
+}
+
+/// Exact: one atomic script per check. Approximate: local deltas flushed
+/// every `sync_interval` or `max_batch` hits (overshoot ≤ pods × max_batch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Accuracy {
+    #[default]
+    Exact,
+    Approximate {
+        sync_interval: Duration,
+        /// `None`: limit / 100, at least 1.
+        max_batch: Option<u64>,
+    },
+}
+
+/// How a global rule behaves when a region is cut off from the coordinator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Partition {
+    /// Never re-grant a silent region's share before its lease expires.
+    #[default]
+    Strict,
+    /// Re-grant after `suspect_after` (overshoot ≤ that region's allocation for one lease).
+    Available,
+}
+
+/// One limit in a rule file, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    /// Stable, unique id: domain plus the (key, value pattern) path of the tree
+    /// node, escaped. Part of every storage key, so it must not change when
+    /// unrelated rules are edited.
+    pub id: String,
+    pub domain: String,
+    /// `rate_limit.name`, if given.
+    pub name: Option<String>,
+    /// `rate_limit.unlimited: true`: matched, never limited, nothing counted.
+    pub unlimited: bool,
+    /// `requests_per_unit` (0 when unlimited).
+    pub requests_per_unit: u64,
+    pub unit: Unit,
+    /// Algorithm, limit, period, burst. `None` when unlimited.
+    pub params: Option<Params>,
+    pub shadow_mode: bool,
+    pub detailed_metric: bool,
+    /// Names of rules this one replaces when both match one request.
+    pub replaces: Vec<String>,
+    pub fail_mode: FailMode,
+    pub scope: Scope,
+    pub accuracy: Accuracy,
+    /// Hot-key split into this many sub-counters (1 = no split).
+    pub split: u32,
+    pub partition: Partition,
+    /// Share of the static allocation kept when a global rule's lease lapses (0.0–1.0).
+    pub fallback: f64,
+    /// Where the rule was written: file name and 1-based line.
+    pub file: String,
+    pub line: usize,
+}
+
+/// The outcome of matching a descriptor.
+#[derive(Debug, Clone)]
+pub struct Resolved<'a> {
+    /// `None` when the path ends at a node without `rate_limit` (an allow-list entry).
+    pub rule: Option<&'a Arc<Rule>>,
+    /// Identifies the counter within the rule: the descriptor's entries, escaped
+    /// so that different entry lists never produce the same key.
+    pub counter_key: String,
+}
