@@ -187,6 +187,47 @@ async fn windows_follow_the_redis_clock_without_a_timestamp() {
 }
 
 #[tokio::test]
+async fn peeks_consume_nothing_and_see_a_shrunk_limit() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    for algorithm in Algorithm::ALL {
+        let rule = format!("peek-{algorithm}");
+        let l = Limit {
+            rule: rule.clone(),
+            params: Params::new(algorithm, 3, Duration::from_secs(60), None).expect("params"),
+        };
+        for _ in 0..5 {
+            let d = store.peek(&l, "k", Some(EDGE)).await.expect("peek");
+            assert!(d.allowed && d.remaining == 3, "{algorithm}: {d:?}");
+        }
+        for _ in 0..3 {
+            assert!(
+                store
+                    .check(&l, "k", 1, Some(EDGE))
+                    .await
+                    .expect("check")
+                    .allowed
+            );
+        }
+        let d = store.peek(&l, "k", Some(EDGE)).await.expect("peek");
+        assert!(
+            d.allowed && d.remaining == 0,
+            "{algorithm} at the limit: {d:?}"
+        );
+        if algorithm.has_burst() {
+            continue; // an empty bucket is not "over"; it just has no tokens
+        }
+        // The limit shrinks under the key (a smaller allocation): now it is over.
+        let shrunk = Limit {
+            rule,
+            params: Params::new(algorithm, 2, Duration::from_secs(60), None).expect("params"),
+        };
+        let d = store.peek(&shrunk, "k", Some(EDGE)).await.expect("peek");
+        assert!(!d.allowed, "{algorithm} over a shrunk limit: {d:?}");
+    }
+}
+
+#[tokio::test]
 async fn flushed_script_cache_is_reloaded() {
     let server = RedisServer::start();
     let store = connect(&server).await;

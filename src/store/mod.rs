@@ -38,6 +38,16 @@ pub trait Store: Send + Sync {
         cost: u64,
         now: Option<Micros>,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+
+    /// Decides without consuming (Envoy's `hits_addend: 0`): allowed unless
+    /// the key is already over its limit — which happens only when the limit
+    /// shrank under it — with `remaining` telling how many more hits fit.
+    fn peek(
+        &self,
+        limit: &Limit,
+        key: &str,
+        now: Option<Micros>,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
 }
 
 /// Why a store could not decide.

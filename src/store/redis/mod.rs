@@ -120,10 +120,32 @@ impl Store for RedisStore {
         cost: u64,
         now: Option<Micros>,
     ) -> Result<Decision, StoreError> {
-        let params = &limit.params;
-        if let Some(denied) = precheck(params, cost)? {
+        if let Some(denied) = precheck(&limit.params, cost)? {
             return Ok(denied);
         }
+        self.run_script(limit, key, cost, now).await
+    }
+
+    async fn peek(
+        &self,
+        limit: &Limit,
+        key: &str,
+        now: Option<Micros>,
+    ) -> Result<Decision, StoreError> {
+        self.run_script(limit, key, 0, now).await
+    }
+}
+
+impl RedisStore {
+    /// Runs the algorithm's script; a cost of 0 decides without consuming.
+    async fn run_script(
+        &self,
+        limit: &Limit,
+        key: &str,
+        cost: u64,
+        now: Option<Micros>,
+    ) -> Result<Decision, StoreError> {
+        let params = &limit.params;
         let prefix = key::key_prefix(&limit.rule, key)?;
         let scale = params.scale();
         let mut invocation = self.script(params.algorithm()).key(prefix);
