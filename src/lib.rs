@@ -4,6 +4,8 @@
 //! Redis.
 
 pub mod algorithm;
+pub mod limiter;
 pub mod proto;
 pub mod rules;
 pub mod store;
+pub mod telemetry;

@@ -14,10 +14,12 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start-up: the size difference between variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the regional limiter service (Envoy RLS v3, gRPC, HTTP).
-    Limiter,
+    Limiter(meridian::limiter::cli::LimiterArgs),
     /// Run a coordinator node (Raft cluster holding rules, regions, allocations).
     Coordinator,
     /// Operate a coordinator cluster through its admin API.
@@ -35,7 +37,7 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let name = match cli.command {
-        Command::Limiter => "limiter",
+        Command::Limiter(args) => return run(meridian::limiter::cli::run(args)),
         Command::Coordinator => "coordinator",
         Command::Ctl => "ctl",
         Command::Demo => "demo",
@@ -45,4 +47,24 @@ fn main() -> std::process::ExitCode {
     };
     eprintln!("meridian {name}: not yet implemented");
     std::process::ExitCode::FAILURE
+}
+
+/// Runs a service command on a multi-threaded runtime with logs set up; an
+/// error is printed with its causes and exits 1.
+fn run(command: impl std::future::Future<Output = anyhow::Result<()>>) -> std::process::ExitCode {
+    meridian::telemetry::init_logs("meridian=info");
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(command) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

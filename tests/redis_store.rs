@@ -369,3 +369,55 @@ async fn crafted_keys_never_share_state() {
         "{keys:#?}"
     );
 }
+
+#[tokio::test]
+async fn tls_redis_is_reached_with_the_given_ca_and_refused_without_it() {
+    let certs = tempfile::tempdir().expect("temp dir");
+    let (ca, cert, key) = common::make_tls_certs(certs.path());
+    // A TLS-only server: the plain port is closed, the TLS port is `--port`'s value.
+    let plain = RedisServer::start();
+    let tls_port = plain.port() + 1;
+    drop(plain);
+    let server = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port.to_string(),
+        "--tls-cert-file",
+        cert.to_str().expect("utf-8 path"),
+        "--tls-key-file",
+        key.to_str().expect("utf-8 path"),
+        "--tls-ca-cert-file",
+        ca.to_str().expect("utf-8 path"),
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    let mut config = RedisConfig::new(&url);
+    config.ca_cert = Some(std::fs::read(&ca).expect("read ca"));
+    let store = RedisStore::connect(&config)
+        .await
+        .expect("TLS connect with the CA");
+    let l = limit("tls", Algorithm::FixedWindow, 1, Duration::from_secs(60));
+    assert!(
+        store
+            .check(&l, "k", 1, None)
+            .await
+            .expect("check over TLS")
+            .allowed
+    );
+    assert!(
+        !store
+            .check(&l, "k", 1, None)
+            .await
+            .expect("check over TLS")
+            .allowed
+    );
+    let keys: Vec<String> = server.connection().keys("mr:{tls:k}*").expect("KEYS");
+    assert_eq!(keys.len(), 1, "the check reached the TLS server");
+
+    // Without our CA the server's certificate is not trusted.
+    let untrusted = RedisStore::connect(&RedisConfig::new(&url)).await;
+    assert!(
+        untrusted.is_err(),
+        "connected to a server signed by an unknown CA"
+    );
+}

@@ -18,3 +18,6 @@
 mod model;
 
 pub use model::{Accuracy, FailMode, Partition, Resolved, Rule, RuleFile, Scope, Unit};
+
+mod set_stub;
+pub use set_stub::{RuleError, RuleErrors, RuleSet, parse_duration};

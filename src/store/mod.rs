@@ -79,3 +79,46 @@ pub fn system_now() -> Micros {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as Micros)
 }
+
+/// The store a limiter runs on, chosen at start-up (`--redis` or `--store memory`).
+pub enum AnyStore {
+    Memory(MemoryStore),
+    Redis(Box<RedisStore>),
+}
+
+impl AnyStore {
+    /// Whether the store answers (readiness).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(_) => Ok(()),
+            AnyStore::Redis(s) => s.ping().await,
+        }
+    }
+}
+
+impl Store for AnyStore {
+    async fn check(
+        &self,
+        limit: &Limit,
+        key: &str,
+        cost: u64,
+        now: Option<Micros>,
+    ) -> Result<Decision, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.check(limit, key, cost, now).await,
+            AnyStore::Redis(s) => s.check(limit, key, cost, now).await,
+        }
+    }
+
+    async fn peek(
+        &self,
+        limit: &Limit,
+        key: &str,
+        now: Option<Micros>,
+    ) -> Result<Decision, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.peek(limit, key, now).await,
+            AnyStore::Redis(s) => s.peek(limit, key, now).await,
+        }
+    }
+}
