@@ -31,7 +31,7 @@ enum Command {
     /// Load-test a limiter and report latency histograms.
     Bench,
     /// Check and explain rule files.
-    Rules,
+    Rules(meridian::rules::cli::RulesArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -43,7 +43,7 @@ fn main() -> std::process::ExitCode {
         Command::Demo => "demo",
         Command::Simulate => "simulate",
         Command::Bench => "bench",
-        Command::Rules => "rules",
+        Command::Rules(args) => return meridian::rules::cli::run(args),
     };
     eprintln!("meridian {name}: not yet implemented");
     std::process::ExitCode::FAILURE
