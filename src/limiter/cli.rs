@@ -72,6 +72,11 @@ pub struct LimiterArgs {
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub reload_interval: Duration,
 
+    /// After SIGTERM, how long in-flight requests may take to finish before
+    /// connections still open (gateways keep theirs forever) are closed.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
     /// Keys the local over-limit cache holds at most.
     #[arg(long, default_value_t = 100_000)]
     pub cache_capacity: usize,
@@ -174,11 +179,22 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
         tracing::info!("shutting down: draining in-flight requests");
         let _ = stop_tx.send(true);
     });
-    let (grpc_result, http_result) = tokio::join!(grpc_server, http_server);
+    let servers = async { tokio::join!(grpc_server, http_server) };
+    let drain_deadline = async {
+        stopped(stop_rx).await;
+        tokio::time::sleep(args.drain_timeout).await;
+    };
+    tokio::select! {
+        (grpc_result, http_result) = servers => {
+            grpc_result.context("gRPC server")?;
+            http_result.context("HTTP server")?;
+        }
+        () = drain_deadline => {
+            tracing::info!(timeout = ?args.drain_timeout, "drain timeout: closing idle connections");
+        }
+    }
     watcher.abort();
     signals.abort();
-    grpc_result.context("gRPC server")?;
-    http_result.context("HTTP server")?;
     Ok(())
 }
 
