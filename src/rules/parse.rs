@@ -14,6 +14,7 @@ use super::{
     Scope, TreeNode, Unit, escape_into,
 };
 use crate::algorithm::{Algorithm, Params};
+use crate::store::key::MAX_KEY_LEN;
 
 pub(super) struct ParsedFile {
     pub domain: Domain,
@@ -84,6 +85,14 @@ pub(super) fn parse_file(file: &RuleFile, errors: &mut Vec<RuleError>) -> Option
         rules: Vec::new(),
         named: Map::default(),
     };
+    if let Some(at) = second_document(&file.text) {
+        cx.err(
+            at,
+            "yaml",
+            "a second YAML document (---): one file holds one domain; put it in its own file",
+        );
+        return None;
+    }
     let options = LoaderOptions::default().error_on_duplicate_keys(true);
     let root = match marked_yaml::parse_yaml_with_options(0, &file.text, options) {
         Ok(root) => root,
@@ -131,6 +140,23 @@ pub(super) fn parse_file(file: &RuleFile, errors: &mut Vec<RuleError>) -> Option
         },
         rules: cx.rules,
     })
+}
+
+/// The line of a `---` marker after content: the loader reads only the first
+/// document, so a second one would be dropped silently. A marker at column 0
+/// cannot occur inside a valid scalar here (the top level is a map, so block
+/// scalars are indented, and quoted scalars may not contain one).
+fn second_document(text: &str) -> Option<usize> {
+    let mut content = false;
+    for (i, l) in text.lines().enumerate() {
+        let marker = l == "---" || l.starts_with("--- ") || l.starts_with("---\t");
+        if marker && content {
+            return Some(i + 1);
+        }
+        let t = l.trim();
+        content |= !marker && !t.is_empty() && !t.starts_with('#') && !t.starts_with('%');
+    }
+    None
 }
 
 fn load_error(e: &LoadError) -> (usize, String) {
@@ -398,6 +424,23 @@ impl Cx<'_> {
                 None
             }
         };
+        // The id is part of every storage key of the rule; one the store would
+        // refuse must fail here, at load, not on every check.
+        let rule = rule.filter(|r| {
+            let fits = r.id.len() <= MAX_KEY_LEN;
+            if !fits {
+                self.err(
+                    at,
+                    "descriptors",
+                    format!(
+                        "rule id (domain plus the key/value path) is {} bytes; storage keys \
+                         allow at most {MAX_KEY_LEN}: shorten the keys or values",
+                        r.id.len()
+                    ),
+                );
+            }
+            fits
+        });
         let rule = rule.map(Arc::new);
         if let Some(rule) = &rule {
             self.rules.push(rule.clone());

@@ -331,6 +331,15 @@ fn rejects_envoy_mistakes_with_line_and_field() {
         "quoted",
     );
     rejects("- a\n", 1, "yaml", "top level");
+    rejects(
+        "domain: d\n---\ndomain: e\n",
+        2,
+        "yaml",
+        "second YAML document",
+    );
+    rejects("domain: d\n!!str a: b\n", 2, "yaml", "tags");
+    // A leading marker is one document.
+    assert_eq!(parse("# c\n---\ndomain: d\n").domains().count(), 1);
 }
 
 #[test]
@@ -568,6 +577,13 @@ fn rejects_bad_limits_with_line_and_field() {
         4,
         "period",
         "unlimited",
+    );
+    let long = "v".repeat(600);
+    rejects(
+        &format!("{d}    value: {long}\n    rate_limit: {{unit: day, requests_per_unit: 1}}\n"),
+        3,
+        "descriptors",
+        "at most 512",
     );
 }
 
