@@ -734,3 +734,10 @@ proptest! {
         prop_assert_eq!(got, expected);
     }
 }
+
+#[test]
+fn rule_set_can_be_shared_between_threads() {
+    fn shared<T: Send + Sync + 'static>() {}
+    shared::<RuleSet>();
+    shared::<Arc<Rule>>();
+}
