@@ -32,7 +32,10 @@ impl LimiterProcess {
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
             .args(["--reload-interval", "100ms"])
             .args(args)
-            .env("RUST_LOG", std::env::var("MERIDIAN_TEST_LOG").unwrap_or_else(|_| "meridian=warn".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("MERIDIAN_TEST_LOG").unwrap_or_else(|_| "meridian=warn".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
