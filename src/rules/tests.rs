@@ -741,3 +741,35 @@ fn rule_set_can_be_shared_between_threads() {
     shared::<RuleSet>();
     shared::<Arc<Rule>>();
 }
+
+#[test]
+fn shadowed_set_counts_apart_and_never_enforces() {
+    let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {name: n, unit: minute, requests_per_unit: 1}\n    descriptors:\n      - key: sub\n        value: v*\n        rate_limit: {unit: hour, requests_per_unit: 2}\n";
+    let set = RuleSet::parse(&[RuleFile {
+        name: "f.yaml".into(),
+        text: yaml.into(),
+    }])
+    .expect("valid");
+    let shadow = set.shadowed();
+    let top = shadow
+        .resolve("d", &[("k", "x")])
+        .and_then(|r| r.rule)
+        .expect("match");
+    assert!(top.shadow_mode);
+    assert_eq!(
+        top.id,
+        format!("shadow/{}", set.named("d", "n").expect("named").id)
+    );
+    let nested = shadow
+        .resolve("d", &[("k", "x"), ("sub", "value")])
+        .and_then(|r| r.rule)
+        .expect("nested glob match");
+    assert!(nested.shadow_mode && nested.id.starts_with("shadow/"));
+    assert!(shadow.named("d", "n").is_some_and(|r| r.shadow_mode));
+    assert!(shadow.rules().all(|r| r.shadow_mode));
+    // The original is untouched.
+    assert!(
+        set.rules()
+            .all(|r| !r.shadow_mode && !r.id.starts_with("shadow/"))
+    );
+}
