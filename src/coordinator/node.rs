@@ -13,7 +13,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use openraft::ChangeMembers;
-use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::error::{ChangeMembershipError, CheckIsLeaderError, ClientWriteError, RaftError};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -25,6 +25,7 @@ use super::state::{Command, Outcome};
 
 /// How long a write waits for a leader (an election with default timings
 /// takes 1.5–3 s) before answering 503.
+/// Membership changes also wait here for a previous change to commit.
 pub const WRITE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// How long a joining node may take to catch up before it would be promoted
@@ -88,6 +89,8 @@ pub enum ReadError {
 
 enum Local {
     NotLeader(Option<Member>),
+    /// Another membership change is still being committed; try again shortly.
+    Busy,
     Failed(WriteError),
 }
 
@@ -98,6 +101,9 @@ fn classify(e: ClientWriteRaftError) -> Local {
         RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
             Local::NotLeader(f.leader_node)
         }
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(
+            ChangeMembershipError::InProgress(_),
+        )) => Local::Busy,
         RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
             Local::Failed(WriteError::Membership(e.to_string()))
         }
@@ -139,7 +145,7 @@ impl Node {
                         Err(Relay::Failed(e)) => return Err(e),
                     }
                 }
-                Err(Local::NotLeader(_)) => {}
+                Err(Local::NotLeader(_) | Local::Busy) => {}
             }
             if Instant::now() >= deadline {
                 return Err(WriteError::NoLeader(WRITE_DEADLINE));
