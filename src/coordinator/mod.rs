@@ -62,8 +62,8 @@ pub struct CoordinatorArgs {
     /// Leader heartbeat interval.
     #[arg(long, default_value_t = 250)]
     pub heartbeat_ms: u64,
-    /// Minimum election timeout; the maximum is twice this. Keep it well above
-    /// the heartbeat and the worst RTT between regions.
+    /// Minimum election timeout; the maximum is 1.5 times this. Keep it well
+    /// above the heartbeat, the worst RTT between regions and a slow fsync.
     #[arg(long, default_value_t = 1500)]
     pub election_timeout_ms: u64,
     /// Build a snapshot (and compact the log) every this many entries.
@@ -131,7 +131,10 @@ fn raft_config(args: &CoordinatorArgs) -> Result<Config, RunError> {
         cluster_name: "meridian".into(),
         heartbeat_interval: args.heartbeat_ms,
         election_timeout_min: args.election_timeout_ms,
-        election_timeout_max: args.election_timeout_ms * 2,
+        // openraft's leader lease equals the maximum: followers refuse votes
+        // until it expires, so a failover takes about max + one more timeout.
+        // A narrow range keeps that short; the spread still avoids split votes.
+        election_timeout_max: args.election_timeout_ms + args.election_timeout_ms / 2,
         // A snapshot of many rule versions can take a while to cross regions.
         install_snapshot_timeout: 10_000.max(args.election_timeout_ms * 4),
         // Each entry may carry a 1 MiB rule set: keep an append under the

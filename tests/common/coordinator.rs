@@ -194,7 +194,31 @@ impl Cluster {
         self.nodes.get_mut(&id).expect("node exists").kill();
     }
 
-    /// Restarts a killed node from its data dir (no --init, no --join).
+    /// SIGTERM, then waits up to `timeout` for the process to exit; returns
+    /// whether it exited successfully in time (it is SIGKILLed otherwise).
+    pub fn terminate(&mut self, id: u64, timeout: Duration) -> bool {
+        let node = self.nodes.get_mut(&id).expect("node exists");
+        let Some(child) = node.child.as_mut() else {
+            return false;
+        };
+        let sent = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(sent, "could not send SIGTERM to node {id}");
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                node.child = None;
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        node.kill();
+        false
+    }
+
+    /// Restarts a stopped node from its data dir (no --init, no --join).
     pub fn restart(&mut self, id: u64) {
         self.spawn(id, &[]);
     }
