@@ -10,11 +10,20 @@ use common::coordinator::{Cluster, Options, percentile_ms, rules_yaml};
 
 const CYCLES: usize = 20;
 
-/// Writes until one is acknowledged; returns (version, time taken).
-async fn put_until_ok(cluster: &Cluster, via: u64, domain: &str) -> (u64, Duration) {
+/// A valid rule file of about `bytes` bytes (the rest is a YAML comment).
+fn padded_rules(domain: &str, bytes: usize) -> String {
+    let mut text = rules_yaml(domain);
+    text.push('#');
+    text.push_str(&"x".repeat(bytes.saturating_sub(text.len() + 1)));
+    text.push('\n');
+    text
+}
+
+/// Writes `text` until the write is acknowledged; returns (version, time taken).
+async fn put_until_ok(cluster: &Cluster, via: u64, text: &str) -> (u64, Duration) {
     let start = Instant::now();
     loop {
-        let (status, body) = cluster.put_rules(via, domain).await;
+        let (status, body) = cluster.put_text(via, text).await;
         if status == 200 {
             let version = body["version"].as_u64().expect("version in reply");
             return (version, start.elapsed());
@@ -27,9 +36,10 @@ async fn put_until_ok(cluster: &Cluster, via: u64, domain: &str) -> (u64, Durati
     }
 }
 
-/// Every acknowledged version exists on node `id` with the files it was written with.
+/// Every acknowledged version (number → text) exists on node `id` with the
+/// text it was written with.
 async fn assert_versions(cluster: &Cluster, id: u64, acked: &BTreeMap<u64, String>) {
-    for (version, domain) in acked {
+    for (version, text) in acked {
         let (status, body) = cluster
             .get(id, &format!("/api/v1/rules/versions/{version}"))
             .await
@@ -37,7 +47,7 @@ async fn assert_versions(cluster: &Cluster, id: u64, acked: &BTreeMap<u64, Strin
         assert_eq!(status, 200, "node {id} lost version {version}: {body}");
         assert_eq!(
             body["files"]["rules.yaml"].as_str(),
-            Some(rules_yaml(domain).as_str()),
+            Some(text.as_str()),
             "node {id} has other files for version {version}"
         );
     }
@@ -51,8 +61,9 @@ async fn assert_versions(cluster: &Cluster, id: u64, acked: &BTreeMap<u64, Strin
 async fn kill_leader_keeps_rules() {
     let mut cluster = Cluster::start(3, Options::default()).await;
     let mut acked = BTreeMap::new();
-    let (v, _) = put_until_ok(&cluster, 1, "first").await;
-    acked.insert(v, "first".to_string());
+    let text = rules_yaml("first");
+    let (v, _) = put_until_ok(&cluster, 1, &text).await;
+    acked.insert(v, text);
     let mut failovers = Vec::new();
 
     for cycle in 0..CYCLES {
@@ -67,10 +78,10 @@ async fn kill_leader_keeps_rules() {
 
         // The survivors elect a leader and serve writes (sent to a survivor,
         // which forwards to whoever leads).
-        let domain = format!("cycle-{cycle}");
-        let (v, _) = put_until_ok(&cluster, survivor, &domain).await;
+        let text = rules_yaml(&format!("cycle-{cycle}"));
+        let (v, _) = put_until_ok(&cluster, survivor, &text).await;
         failovers.push(killed_at.elapsed());
-        acked.insert(v, domain);
+        acked.insert(v, text);
 
         // The new leader serves every acknowledged version, linearizably.
         let (status, body) = cluster
@@ -82,9 +93,9 @@ async fn kill_leader_keeps_rules() {
         assert_eq!(body["consistency"], "linearizable");
 
         cluster.restart(leader);
-        let domain = format!("after-restart-{cycle}");
-        let (v, _) = put_until_ok(&cluster, survivor, &domain).await;
-        acked.insert(v, domain);
+        let text = rules_yaml(&format!("after-restart-{cycle}"));
+        let (v, _) = put_until_ok(&cluster, survivor, &text).await;
+        acked.insert(v, text);
         cluster
             .wait_version(leader, v, Duration::from_secs(20))
             .await;
@@ -93,10 +104,10 @@ async fn kill_leader_keeps_rules() {
     let leader = cluster.wait_leader(Duration::from_secs(10)).await;
     let mut latencies = Vec::new();
     for i in 0..50 {
-        let domain = format!("latency-{i}");
-        let (v, took) = put_until_ok(&cluster, leader, &domain).await;
+        let text = rules_yaml(&format!("latency-{i}"));
+        let (v, took) = put_until_ok(&cluster, leader, &text).await;
         latencies.push(took);
-        acked.insert(v, domain);
+        acked.insert(v, text);
     }
     let last = *acked.keys().next_back().expect("versions");
     for id in cluster.running() {
@@ -122,7 +133,9 @@ async fn kill_leader_keeps_rules() {
 }
 
 /// With a snapshot every 10 entries and no log kept behind it, a node that
-/// missed 40 writes can only catch up by installing a snapshot.
+/// missed 40 writes can only catch up by installing a snapshot; at 128 KiB a
+/// version the snapshot (> 5 MiB) crosses in several chunks, over tonic's
+/// default 4 MiB message limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lagging_node_catches_up_by_snapshot() {
     let options = Options {
@@ -140,9 +153,9 @@ async fn lagging_node_catches_up_by_snapshot() {
     cluster.kill(down);
     let mut acked = BTreeMap::new();
     for i in 0..40 {
-        let domain = format!("while-down-{i}");
-        let (v, _) = put_until_ok(&cluster, leader, &domain).await;
-        acked.insert(v, domain);
+        let text = padded_rules(&format!("while-down-{i}"), 128 * 1024);
+        let (v, _) = put_until_ok(&cluster, leader, &text).await;
+        acked.insert(v, text);
     }
     let (_, status) = cluster
         .get(leader, "/api/v1/cluster")
@@ -177,18 +190,18 @@ async fn grow_to_five_and_shrink_while_writing() {
         let mut acked = BTreeMap::new();
         let mut i = 0;
         while !*stop_rx.borrow_and_update() {
-            let domain = format!("during-membership-{i}");
+            let text = rules_yaml(&format!("during-membership-{i}"));
             let r = writer_http
                 .put(format!("{target}/api/v1/rules"))
                 .bearer_auth(common::coordinator::TOKEN)
-                .json(&serde_json::json!({ "files": { "rules.yaml": rules_yaml(&domain) } }))
+                .json(&serde_json::json!({ "files": { "rules.yaml": text } }))
                 .send()
                 .await;
             if let Ok(r) = r
                 && r.status() == 200
             {
                 let body: serde_json::Value = r.json().await.expect("json reply");
-                acked.insert(body["version"].as_u64().expect("version"), domain);
+                acked.insert(body["version"].as_u64().expect("version"), text);
             }
             i += 1;
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -247,13 +260,13 @@ async fn wait_voters(cluster: &Cluster, n: usize) {
 async fn sigterm_stops_cleanly_and_node_comes_back() {
     let mut cluster = Cluster::start(3, Options::default()).await;
     let leader = cluster.wait_leader(Duration::from_secs(10)).await;
-    let (v1, _) = put_until_ok(&cluster, leader, "before-stop").await;
+    let (v1, _) = put_until_ok(&cluster, leader, &rules_yaml("before-stop")).await;
     assert!(
         cluster.terminate(leader, Duration::from_secs(10)),
         "node {leader} did not exit 0 within 10 s of SIGTERM"
     );
     let survivor = cluster.running()[0];
-    let (v2, _) = put_until_ok(&cluster, survivor, "while-stopped").await;
+    let (v2, _) = put_until_ok(&cluster, survivor, &rules_yaml("while-stopped")).await;
     assert!(v2 > v1);
     cluster.restart(leader);
     cluster

@@ -409,10 +409,15 @@ async fn put_rules(
 ) -> ApiResult {
     let bytes = body(bytes)?;
     authorize(&api, &headers)?;
-    let is_json = headers
+    let content_type = headers
         .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
+        .and_then(|v| v.to_str().ok());
+    // JSON when declared, or undeclared but shaped like our JSON body (a
+    // JSON object is also valid YAML and would fail validation confusingly).
+    let is_json = match content_type {
+        Some(v) => v.starts_with("application/json"),
+        None => serde_json::from_slice::<PutRulesBody>(&bytes).is_ok(),
+    };
     let (files, stage) = if is_json {
         let b: PutRulesBody = parse_json(&bytes)?;
         let stage = StageInput {

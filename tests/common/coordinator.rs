@@ -274,13 +274,18 @@ impl Cluster {
         }
     }
 
-    /// PUT a one-file rule set; (status, body).
+    /// PUT a one-file rule set for `domain`; (status, body).
     pub async fn put_rules(&self, id: u64, domain: &str) -> (u16, Value) {
+        self.put_text(id, &rules_yaml(domain)).await
+    }
+
+    /// PUT `text` as the rule set's only file, `rules.yaml`; (status, body).
+    pub async fn put_text(&self, id: u64, text: &str) -> (u16, Value) {
         self.send(
             id,
             reqwest::Method::PUT,
             "/api/v1/rules",
-            Some(json!({ "files": { "rules.yaml": rules_yaml(domain) } })),
+            Some(json!({ "files": { "rules.yaml": text } })),
         )
         .await
     }
