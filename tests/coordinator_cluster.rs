@@ -59,7 +59,8 @@ async fn assert_versions(cluster: &Cluster, id: u64, acked: &BTreeMap<u64, Strin
 /// failover time (printed; run with `--nocapture` to see them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_leader_keeps_rules() {
-    let mut cluster = Cluster::start(3, Options::default()).await;
+    let options = Options::default();
+    let mut cluster = Cluster::start(3, options.clone()).await;
     let mut acked = BTreeMap::new();
     let text = rules_yaml("first");
     let (v, _) = put_until_ok(&cluster, 1, &text).await;
@@ -118,11 +119,13 @@ async fn kill_leader_keeps_rules() {
     }
     println!(
         "coordinator failover (kill -9 leader -> write accepted), {} trials: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms \
-         [heartbeat 100 ms, election timeout 1000-1500 ms]",
+         [heartbeat {} ms, election timeout min {} ms]",
         failovers.len(),
         percentile_ms(&failovers, 50.0),
         percentile_ms(&failovers, 99.0),
         percentile_ms(&failovers, 100.0),
+        options.heartbeat_ms,
+        options.election_timeout_ms,
     );
     println!(
         "coordinator PUT /api/v1/rules latency at the leader, {} writes: p50 {:.1} ms, p99 {:.1} ms",
