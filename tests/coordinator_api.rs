@@ -185,6 +185,12 @@ async fn rollout_and_rollback_create_versions_and_stream_to_limiters() {
         .await
         .expect("watch rules")
         .into_inner();
+    let first = stream
+        .message()
+        .await
+        .expect("stream")
+        .expect("first update");
+    assert_eq!(first.current, None, "no version exists yet");
 
     for (region, body) in [("eu", json!({})), ("us", json!({ "weight": 2.0 }))] {
         let (status, reply) = cluster

@@ -10,8 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
@@ -21,6 +20,7 @@ use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio_stream::StreamExt;
 
 use super::node::{FORWARDED_HEADER, Node, ReadError, Write, WriteError, WriteReply};
 use super::raft::{Member, NodeId};
@@ -30,6 +30,10 @@ use crate::rules::RuleFile;
 
 /// Largest request body accepted (a whole rule set); larger gets 413.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// How much of an oversized body is read and dropped so the client gets its
+/// 413; beyond this the connection is simply closed.
+const DRAIN_LIMIT_BYTES: usize = 64 * 1024 * 1024;
 
 /// What the HTTP handlers share.
 #[derive(Clone)]
@@ -115,7 +119,7 @@ pub fn router(api: Api) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .route_layer(middleware::from_fn(record_latency))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(DefaultBodyLimit::disable())
         .with_state(api)
 }
 
@@ -182,16 +186,35 @@ fn authorize(api: &Api, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-fn body(bytes: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    bytes.map_err(|r| {
-        let status = r.status();
-        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-            format!("request body is larger than {MAX_BODY_BYTES} bytes")
-        } else {
-            r.body_text()
-        };
-        ApiError::new(status, message)
-    })
+/// Reads a request body of at most [`MAX_BODY_BYTES`]. A larger body is
+/// still read (and dropped) up to [`DRAIN_LIMIT_BYTES`] before the 413: a
+/// server that answers without reading the body closes the connection under
+/// the client, which then sees a reset instead of the JSON error.
+async fn read_body(body: Body) -> Result<Bytes, ApiError> {
+    let mut stream = body.into_data_stream();
+    let mut kept = Vec::new();
+    let mut total = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("reading the request body: {e}"),
+            )
+        })?;
+        total = total.saturating_add(chunk.len());
+        if total <= MAX_BODY_BYTES {
+            kept.extend_from_slice(&chunk);
+        } else if total > DRAIN_LIMIT_BYTES {
+            break;
+        }
+    }
+    if total > MAX_BODY_BYTES {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body is larger than {MAX_BODY_BYTES} bytes"),
+        ));
+    }
+    Ok(Bytes::from(kept))
 }
 
 fn parse_json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
@@ -402,12 +425,8 @@ struct PutRulesBody {
     canary_regions: Vec<String>,
 }
 
-async fn put_rules(
-    State(api): State<Api>,
-    headers: HeaderMap,
-    bytes: Result<Bytes, BytesRejection>,
-) -> ApiResult {
-    let bytes = body(bytes)?;
+async fn put_rules(State(api): State<Api>, headers: HeaderMap, request_body: Body) -> ApiResult {
+    let bytes = read_body(request_body).await?;
     authorize(&api, &headers)?;
     let content_type = headers
         .get(header::CONTENT_TYPE)
@@ -511,12 +530,8 @@ struct RollbackBody {
     to: Option<u64>,
 }
 
-async fn rollback(
-    State(api): State<Api>,
-    headers: HeaderMap,
-    bytes: Result<Bytes, BytesRejection>,
-) -> ApiResult {
-    let bytes = body(bytes)?;
+async fn rollback(State(api): State<Api>, headers: HeaderMap, request_body: Body) -> ApiResult {
+    let bytes = read_body(request_body).await?;
     authorize(&api, &headers)?;
     let b: RollbackBody = if bytes.iter().all(u8::is_ascii_whitespace) {
         RollbackBody::default()
@@ -544,12 +559,8 @@ struct RolloutBody {
     canary_regions: Vec<String>,
 }
 
-async fn rollout(
-    State(api): State<Api>,
-    headers: HeaderMap,
-    bytes: Result<Bytes, BytesRejection>,
-) -> ApiResult {
-    let bytes = body(bytes)?;
+async fn rollout(State(api): State<Api>, headers: HeaderMap, request_body: Body) -> ApiResult {
+    let bytes = read_body(request_body).await?;
     authorize(&api, &headers)?;
     let b: RolloutBody = parse_json(&bytes)?;
     let stage = StageInput {
@@ -557,19 +568,17 @@ async fn rollout(
         canary_regions: b.canary_regions,
     }
     .to_stage()?;
-    let version = match b.version {
-        Some(v) => v,
-        None => match api.node.applied.borrow().registry.current() {
-            Some(v) => v.number,
-            None => {
-                return Err(ApiError::new(
-                    StatusCode::CONFLICT,
-                    "there is no rule-set version yet",
-                ));
-            }
+    // Without a version, the state machine resolves "newest" when it
+    // applies the command: this node's view may lag the leader's.
+    commit(
+        &api,
+        &headers,
+        Command::Rollout {
+            version: b.version,
+            stage,
         },
-    };
-    commit(&api, &headers, Command::Rollout { version, stage }).await
+    )
+    .await
 }
 
 async fn list_regions(State(api): State<Api>, uri: Uri, headers: HeaderMap) -> Response {
@@ -641,9 +650,9 @@ async fn put_region(
     State(api): State<Api>,
     Path(name): Path<String>,
     headers: HeaderMap,
-    bytes: Result<Bytes, BytesRejection>,
+    request_body: Body,
 ) -> ApiResult {
-    let bytes = body(bytes)?;
+    let bytes = read_body(request_body).await?;
     authorize(&api, &headers)?;
     check_region_name(&name)?;
     let b: RegionBody = parse_json(&bytes)?;
@@ -755,12 +764,8 @@ struct AddNodeBody {
     http_addr: String,
 }
 
-async fn add_node(
-    State(api): State<Api>,
-    headers: HeaderMap,
-    bytes: Result<Bytes, BytesRejection>,
-) -> ApiResult {
-    let bytes = body(bytes)?;
+async fn add_node(State(api): State<Api>, headers: HeaderMap, request_body: Body) -> ApiResult {
+    let bytes = read_body(request_body).await?;
     authorize(&api, &headers)?;
     let b: AddNodeBody = parse_json(&bytes)?;
     let write = Write::AddNode {
@@ -794,9 +799,9 @@ async fn remove_node(
 async fn internal_write(
     State(api): State<Api>,
     headers: HeaderMap,
-    bytes: Result<Bytes, BytesRejection>,
+    request_body: Body,
 ) -> ApiResult {
-    let bytes = body(bytes)?;
+    let bytes = read_body(request_body).await?;
     authorize(&api, &headers)?;
     let write: Write = parse_json(&bytes)?;
     let reply = api.node.write(write, true).await?;

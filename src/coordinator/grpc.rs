@@ -49,14 +49,13 @@ fn version_proto(v: &RuleSetVersion) -> pb::RuleSetVersion {
     }
 }
 
-/// What a limiter must know; `None` before the first version exists.
-fn update(applied: &Applied) -> Option<pb::RuleSetUpdate> {
-    let current = applied.registry.current()?;
-    Some(pb::RuleSetUpdate {
-        current: Some(version_proto(current)),
+/// What a limiter must know; `current` is absent before the first version.
+fn update(applied: &Applied) -> pb::RuleSetUpdate {
+    pb::RuleSetUpdate {
+        current: applied.registry.current().map(version_proto),
         stable: applied.registry.stable().map(version_proto),
         applied_index: applied.last_applied.map_or(0, |l| l.index),
-    })
+    }
 }
 
 /// Identifies an update without its applied index, which moves on every
@@ -90,14 +89,12 @@ impl coordinator_server::Coordinator for CoordinatorService {
             let mut last_sent = None;
             loop {
                 let next = update(&applied.borrow_and_update());
-                if let Some(u) = next {
-                    let key = rules_key(&u);
-                    if last_sent.as_ref() != Some(&key) {
-                        if tx.send(Ok(u)).await.is_err() {
-                            break;
-                        }
-                        last_sent = Some(key);
+                let key = rules_key(&next);
+                if last_sent.as_ref() != Some(&key) {
+                    if tx.send(Ok(next)).await.is_err() {
+                        break;
                     }
+                    last_sent = Some(key);
                 }
                 tokio::select! {
                     changed = applied.changed() => if changed.is_err() { break },

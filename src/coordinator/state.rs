@@ -77,9 +77,11 @@ pub enum Command {
         stage: Stage,
         at_unix_ms: i64,
     },
-    /// Move the newest version to another stage.
+    /// Move the newest version to another stage. `version` guards against
+    /// rolling out another version than the caller saw; `None`: whichever
+    /// version is newest when the command is applied.
     Rollout {
-        version: u64,
+        version: Option<u64>,
         stage: Stage,
     },
     /// Create version N+1 with the files of `to`, or of the previous stable
@@ -197,6 +199,7 @@ impl Registry {
                 let Some(current) = self.versions.values_mut().next_back() else {
                     return rejected("there is no rule-set version yet");
                 };
+                let version = version.unwrap_or(current.number);
                 if current.number != version {
                     return rejected(format!(
                         "only the newest version ({}) can be rolled out; version {version} is superseded",
@@ -339,20 +342,20 @@ mod tests {
         };
         assert_eq!(
             r.apply(Command::Rollout {
-                version: 2,
+                version: Some(2),
                 stage: canary
             }),
             Outcome::Applied { version: Some(2) }
         );
         assert_eq!(r.stable().map(|v| v.number), Some(1));
         r.apply(Command::Rollout {
-            version: 2,
+            version: None,
             stage: Stage::All,
         });
         assert_eq!(r.stable(), None);
         assert!(matches!(
             r.apply(Command::Rollout {
-                version: 2,
+                version: Some(2),
                 stage: Stage::Shadow
             }),
             Outcome::Rejected { .. }
