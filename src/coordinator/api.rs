@@ -303,6 +303,10 @@ fn outcome_response(reply: WriteReply) -> ApiResult {
             Err(ApiError::new(StatusCode::CONFLICT, reason)
                 .with("log_index", json!(reply.log_index)))
         }
+        Outcome::NotFound { reason } => {
+            Err(ApiError::new(StatusCode::NOT_FOUND, reason)
+                .with("log_index", json!(reply.log_index)))
+        }
         Outcome::Nothing => Ok(Json(json!({ "log_index": reply.log_index })).into_response()),
     }
 }
@@ -682,19 +686,6 @@ async fn delete_region(
     headers: HeaderMap,
 ) -> ApiResult {
     authorize(&api, &headers)?;
-    if !api
-        .node
-        .applied
-        .borrow()
-        .registry
-        .regions
-        .contains_key(&name)
-    {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("region {name:?} does not exist"),
-        ));
-    }
     commit(&api, &headers, Command::DeleteRegion { name }).await
 }
 

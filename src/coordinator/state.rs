@@ -110,6 +110,8 @@ pub enum Outcome {
     /// Refused against the state it met, e.g. a rollout of a superseded
     /// version or a rollback with nothing to roll back to.
     Rejected { reason: String },
+    /// Refused because what it names does not exist (a version, a region).
+    NotFound { reason: String },
     /// Membership changes and blank entries carry no command.
     Nothing,
 }
@@ -223,7 +225,11 @@ impl Registry {
                 let target = match to {
                     Some(n) => match self.versions.get(&n) {
                         Some(v) => v,
-                        None => return rejected(format!("version {n} does not exist")),
+                        None => {
+                            return Outcome::NotFound {
+                                reason: format!("version {n} does not exist"),
+                            };
+                        }
                     },
                     None => match self
                         .versions
@@ -286,7 +292,9 @@ impl Registry {
                 }
                 match self.regions.remove(&name) {
                     Some(_) => Outcome::Applied { version: None },
-                    None => rejected(format!("region {name:?} does not exist")),
+                    None => Outcome::NotFound {
+                        reason: format!("region {name:?} does not exist"),
+                    },
                 }
             }
         }
@@ -404,7 +412,7 @@ mod tests {
                 to: Some(99),
                 at_unix_ms: 7
             }),
-            Outcome::Rejected { .. }
+            Outcome::NotFound { .. }
         ));
     }
 
