@@ -21,7 +21,7 @@ enum Command {
     /// Run the regional limiter service (Envoy RLS v3, gRPC, HTTP).
     Limiter(meridian::limiter::cli::LimiterArgs),
     /// Run a coordinator node (Raft cluster holding rules, regions, allocations).
-    Coordinator,
+    Coordinator(meridian::coordinator::CoordinatorArgs),
     /// Operate a coordinator cluster through its admin API.
     Ctl,
     /// Run the whole system on this machine: 3 coordinators, 2 regions, traffic.
@@ -38,7 +38,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let name = match cli.command {
         Command::Limiter(args) => return run(meridian::limiter::cli::run(args)),
-        Command::Coordinator => "coordinator",
+        Command::Coordinator(args) => return meridian::coordinator::main(args),
         Command::Ctl => "ctl",
         Command::Demo => "demo",
         Command::Simulate => "simulate",

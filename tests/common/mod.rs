@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod coordinator;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;

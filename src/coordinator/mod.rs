@@ -1,0 +1,427 @@
+//! The coordinator: a Raft cluster (openraft, redb on disk, tonic between
+//! nodes) holding versioned rule sets and the regions registry, with an admin
+//! HTTP API and the `Coordinator` gRPC service limiters watch.
+//!
+//! Listeners: `--raft-addr` serves gRPC (the `Raft` service for peers and the
+//! `Coordinator` service for limiters); `--http-addr` serves the admin API,
+//! `/healthz` and `/metrics`.
+
+pub mod api;
+pub mod grpc;
+pub mod node;
+pub mod raft;
+pub mod state;
+pub mod validation;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusBuilder;
+use openraft::{Config, ServerState, SnapshotPolicy};
+use tokio::sync::watch;
+
+use self::api::Api;
+use self::grpc::CoordinatorService;
+use self::node::Node;
+use self::raft::network::{Network, RaftService};
+use self::raft::{Member, NodeId, Raft};
+
+/// Environment variable read when `--admin-token` is not given.
+pub const ADMIN_TOKEN_ENV: &str = "MERIDIAN_ADMIN_TOKEN";
+
+/// `meridian coordinator` options.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CoordinatorArgs {
+    /// This node's Raft id: unique in the cluster and never reused after removal.
+    #[arg(long)]
+    pub id: NodeId,
+    /// Directory for the Raft log, state machine and snapshots (created if missing).
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// gRPC listen address (Raft between nodes, rule watches from limiters);
+    /// also the address peers dial, so it must be reachable from them.
+    #[arg(long)]
+    pub raft_addr: SocketAddr,
+    /// Admin HTTP API, /healthz and /metrics; peers forward writes here.
+    #[arg(long)]
+    pub http_addr: SocketAddr,
+    /// Bootstrap a new cluster: `ID=RAFT_ADDR@HTTP_ADDR,...` including this
+    /// node. Ignored when the data dir already holds a cluster.
+    #[arg(long, conflicts_with = "join")]
+    pub init: Option<String>,
+    /// Join a running cluster through any member's admin URL
+    /// (`http://host:port`): added as learner, made voter once caught up.
+    #[arg(long)]
+    pub join: Option<String>,
+    /// Bearer token for admin writes [env: MERIDIAN_ADMIN_TOKEN]. Required.
+    #[arg(long)]
+    pub admin_token: Option<String>,
+    /// Leader heartbeat interval.
+    #[arg(long, default_value_t = 250)]
+    pub heartbeat_ms: u64,
+    /// Minimum election timeout; the maximum is 1.5 times this. Keep it well
+    /// above the heartbeat, the worst RTT between regions and a slow fsync.
+    #[arg(long, default_value_t = 1500)]
+    pub election_timeout_ms: u64,
+    /// Build a snapshot (and compact the log) every this many entries.
+    #[arg(long, default_value_t = 5000)]
+    pub snapshot_logs: u64,
+    /// Log entries kept behind the latest snapshot, so slightly lagging
+    /// followers catch up from the log instead of a snapshot.
+    #[arg(long, default_value_t = 1000)]
+    pub snapshot_keep_logs: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("data dir {dir}: {source}")]
+    Storage {
+        dir: PathBuf,
+        source: raft::storage::DiskError,
+    },
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("raft: {0}")]
+    Raft(String),
+    #[error("metrics recorder: {0}")]
+    Metrics(String),
+}
+
+/// Parses `--init`: `ID=RAFT_ADDR@HTTP_ADDR` entries separated by commas.
+pub fn parse_peers(spec: &str) -> Result<BTreeMap<NodeId, Member>, String> {
+    let mut peers = BTreeMap::new();
+    for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (id, addrs) = entry
+            .split_once('=')
+            .ok_or_else(|| format!("{entry:?}: expected ID=RAFT_ADDR@HTTP_ADDR"))?;
+        let id: NodeId = id
+            .parse()
+            .map_err(|_| format!("{entry:?}: {id:?} is not a node id"))?;
+        let (raft_addr, http_addr) = addrs
+            .split_once('@')
+            .ok_or_else(|| format!("{entry:?}: expected ID=RAFT_ADDR@HTTP_ADDR"))?;
+        for addr in [raft_addr, http_addr] {
+            addr.parse::<SocketAddr>()
+                .map_err(|_| format!("{entry:?}: {addr:?} is not host:port"))?;
+        }
+        let member = Member {
+            raft_addr: raft_addr.to_string(),
+            http_addr: http_addr.to_string(),
+        };
+        if peers.insert(id, member).is_some() {
+            return Err(format!("node {id} is listed twice"));
+        }
+    }
+    if peers.is_empty() {
+        return Err("no peers given".into());
+    }
+    Ok(peers)
+}
+
+fn raft_config(args: &CoordinatorArgs) -> Result<Config, RunError> {
+    let config = Config {
+        cluster_name: "meridian".into(),
+        heartbeat_interval: args.heartbeat_ms,
+        election_timeout_min: args.election_timeout_ms,
+        // openraft's leader lease equals the maximum: followers refuse votes
+        // until it expires, so a failover takes about max + one more timeout.
+        // A narrow range keeps that short; the spread still avoids split votes.
+        election_timeout_max: args.election_timeout_ms + args.election_timeout_ms / 2,
+        // A snapshot of many rule versions can take a while to cross regions.
+        install_snapshot_timeout: 10_000.max(args.election_timeout_ms * 4),
+        // Each entry may carry a 1 MiB rule set: keep an append under the
+        // gRPC message limit.
+        max_payload_entries: 32,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(args.snapshot_logs),
+        max_in_snapshot_log_to_keep: args.snapshot_keep_logs,
+        snapshot_max_chunk_size: 1024 * 1024,
+        ..Config::default()
+    };
+    config
+        .validate()
+        .map_err(|e| RunError::Config(e.to_string()))
+}
+
+/// Waits for SIGTERM or Ctrl-C.
+async fn terminated() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM; Ctrl-C only");
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+/// Runs a coordinator node until SIGTERM / Ctrl-C.
+pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
+    let admin_token = args
+        .admin_token
+        .clone()
+        .or_else(|| std::env::var(ADMIN_TOKEN_ENV).ok())
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| {
+            RunError::Config(format!(
+                "an admin token is required: --admin-token or {ADMIN_TOKEN_ENV}"
+            ))
+        })?;
+    let init = match &args.init {
+        Some(spec) => {
+            Some(parse_peers(spec).map_err(|e| RunError::Config(format!("--init: {e}")))?)
+        }
+        None => None,
+    };
+    if let Some(peers) = &init
+        && !peers.contains_key(&args.id)
+    {
+        return Err(RunError::Config(format!(
+            "--init must list this node (id {})",
+            args.id
+        )));
+    }
+    let config = Arc::new(raft_config(&args)?);
+    let prometheus = PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| RunError::Metrics(e.to_string()))?;
+
+    std::fs::create_dir_all(&args.data_dir).map_err(|e| RunError::Storage {
+        dir: args.data_dir.clone(),
+        source: raft::storage::DiskError::Redb(redb::Error::Io(e)),
+    })?;
+    let (log_store, state_machine) =
+        raft::storage::open(&args.data_dir).map_err(|source| RunError::Storage {
+            dir: args.data_dir.clone(),
+            source,
+        })?;
+    let applied = state_machine.subscribe();
+    let committed = log_store.committed_index();
+    let network = Network::default();
+    let contacts = network.contacts.clone();
+    let raft = Raft::new(args.id, config, network, log_store, state_machine)
+        .await
+        .map_err(|e| RunError::Raft(e.to_string()))?;
+
+    let member = Member {
+        raft_addr: args.raft_addr.to_string(),
+        http_addr: args.http_addr.to_string(),
+    };
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(1))
+        .timeout(Duration::from_secs(90))
+        .build()
+        .map_err(|e| RunError::Config(format!("HTTP client: {e}")))?;
+    let node = Arc::new(Node {
+        id: args.id,
+        member: member.clone(),
+        raft: raft.clone(),
+        applied: applied.clone(),
+        contacts,
+        committed,
+        admin_token: admin_token.clone(),
+        http: http.clone(),
+    });
+
+    let grpc_listener = tokio::net::TcpListener::bind(args.raft_addr)
+        .await
+        .map_err(|source| RunError::Listen {
+            addr: args.raft_addr,
+            source,
+        })?;
+    let http_listener = tokio::net::TcpListener::bind(args.http_addr)
+        .await
+        .map_err(|source| RunError::Listen {
+            addr: args.http_addr,
+            source,
+        })?;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let grpc = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RaftService::server(raft.clone()))
+            .add_service(CoordinatorService::server(applied.clone()))
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(grpc_listener),
+                stopped(stop_rx.clone()),
+            ),
+    );
+    let router = api::router(Api {
+        node: Arc::clone(&node),
+        prometheus: prometheus.clone(),
+    });
+    let http_server = tokio::spawn(
+        axum::serve(http_listener, router)
+            .with_graceful_shutdown(stopped(stop_rx.clone()))
+            .into_future(),
+    );
+    tracing::info!(id = args.id, raft = %args.raft_addr, http = %args.http_addr, "coordinator listening");
+
+    if let Some(peers) = init {
+        match raft.is_initialized().await {
+            Ok(true) => tracing::info!("data dir holds a cluster; --init ignored"),
+            Ok(false) => {
+                if let Err(e) = raft.initialize(peers).await {
+                    tracing::warn!(error = %e, "initialize (another node may have done it)");
+                }
+            }
+            Err(e) => return Err(RunError::Raft(e.to_string())),
+        }
+    }
+    let join = args.join.clone().map(|url| {
+        tokio::spawn(join_cluster(
+            http.clone(),
+            url,
+            admin_token.clone(),
+            args.id,
+            member.clone(),
+        ))
+    });
+    let upkeep = tokio::spawn(watch_metrics(
+        raft.clone(),
+        prometheus.clone(),
+        Arc::clone(&node),
+    ));
+
+    terminated().await;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    if let Some(j) = join {
+        j.abort();
+    }
+    upkeep.abort();
+    if let Err(e) = raft.shutdown().await {
+        tracing::warn!(error = %e, "raft shutdown");
+    }
+    match grpc.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "grpc server"),
+        Err(e) => tracing::warn!(error = %e, "grpc server task"),
+    }
+    match http_server.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "http server"),
+        Err(e) => tracing::warn!(error = %e, "http server task"),
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Asks the cluster at `url` to add this node until it answers yes.
+async fn join_cluster(http: reqwest::Client, url: String, token: String, id: NodeId, me: Member) {
+    let endpoint = format!("{}/api/v1/cluster/nodes", url.trim_end_matches('/'));
+    let body =
+        serde_json::json!({ "id": id, "raft_addr": me.raft_addr, "http_addr": me.http_addr });
+    loop {
+        match http
+            .post(&endpoint)
+            .bearer_auth(&token)
+            .json(&body)
+            .send()
+            .await
+        {
+            Ok(r) if r.status().is_success() => {
+                tracing::info!(%url, "joined the cluster as a voter");
+                return;
+            }
+            Ok(r) => {
+                let status = r.status();
+                let text = r.text().await.unwrap_or_default();
+                tracing::warn!(%url, %status, answer = %text, "join refused; retrying");
+            }
+            Err(e) => tracing::warn!(%url, error = %e, "join request failed; retrying"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Mirrors Raft metrics into Prometheus and runs the exporter's upkeep.
+async fn watch_metrics(
+    raft: Raft,
+    prometheus: metrics_exporter_prometheus::PrometheusHandle,
+    node: Arc<Node>,
+) {
+    let mut rx = raft.metrics();
+    let mut leader = None;
+    let mut upkeep = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        {
+            let m = rx.borrow_and_update();
+            metrics::gauge!("meridian_coordinator_raft_term").set(m.current_term as f64);
+            metrics::gauge!("meridian_coordinator_is_leader").set(
+                if m.state == ServerState::Leader {
+                    1.0
+                } else {
+                    0.0
+                },
+            );
+            let last_log = m.last_log_index.unwrap_or(0);
+            let applied = m.last_applied.map_or(0, |l| l.index);
+            let committed = node.committed.load(std::sync::atomic::Ordering::Relaxed);
+            metrics::gauge!("meridian_coordinator_last_log_index").set(last_log as f64);
+            metrics::gauge!("meridian_coordinator_commit_index").set(committed as f64);
+            metrics::gauge!("meridian_coordinator_applied_index").set(applied as f64);
+            metrics::gauge!("meridian_coordinator_commit_apply_lag")
+                .set(committed.saturating_sub(applied) as f64);
+            if m.current_leader != leader {
+                if let Some(new) = m.current_leader {
+                    tracing::info!(leader = new, term = m.current_term, "leader changed");
+                    metrics::counter!("meridian_coordinator_leader_changes_total").increment(1);
+                }
+                leader = m.current_leader;
+            }
+        }
+        tokio::select! {
+            changed = rx.changed() => if changed.is_err() { return },
+            _ = upkeep.tick() => prometheus.run_upkeep(),
+        }
+    }
+}
+
+/// Entry point for `meridian coordinator`: logging, runtime, [`run`].
+pub fn main(args: CoordinatorArgs) -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
+        )
+        .with_target(true)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "coordinator failed");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

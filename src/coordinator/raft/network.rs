@@ -1,0 +1,217 @@
+//! Raft RPCs over tonic: the client side openraft drives (`Network`,
+//! `Connection`) and the `meridian.v1.Raft` service that feeds incoming RPCs to
+//! the local node (`RaftService`). Payloads are bincode (see raft.proto).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use openraft::error::{
+    Infallible, InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+use super::{Member, NodeId, Raft, TypeConfig};
+use crate::proto::meridian::v1::RaftPayload;
+use crate::proto::meridian::v1::raft_client::RaftClient;
+use crate::proto::meridian::v1::raft_server;
+
+/// Raft messages can carry several 1 MiB rule sets (append entries) or a
+/// snapshot chunk; tonic's default 4 MiB limit would reject them.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// When each peer last answered a Raft RPC, for `GET /api/v1/cluster`.
+/// `std::sync::Mutex`: held only to read or write one map entry, never across `.await`.
+#[derive(Clone, Default)]
+pub struct PeerContacts(Arc<Mutex<HashMap<NodeId, Instant>>>);
+
+impl PeerContacts {
+    fn touch(&self, id: NodeId) {
+        if let Ok(mut map) = self.0.lock() {
+            map.insert(id, Instant::now());
+        }
+    }
+
+    /// Time since `id` last answered, if it ever did.
+    pub fn since(&self, id: NodeId) -> Option<Duration> {
+        let map = self.0.lock().ok()?;
+        map.get(&id).map(Instant::elapsed)
+    }
+}
+
+/// Creates one [`Connection`] per peer for openraft.
+#[derive(Clone, Default)]
+pub struct Network {
+    pub contacts: PeerContacts,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Connection;
+
+    async fn new_client(&mut self, target: NodeId, node: &Member) -> Connection {
+        let client = Endpoint::from_shared(format!("http://{}", node.raft_addr))
+            .map(|e| {
+                let channel = e
+                    .connect_timeout(Duration::from_secs(1))
+                    .tcp_nodelay(true)
+                    .connect_lazy();
+                RaftClient::new(channel)
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES)
+            })
+            .map_err(|e| e.to_string());
+        Connection {
+            target,
+            client,
+            contacts: self.contacts.clone(),
+        }
+    }
+}
+
+/// The client side of the Raft service, to one peer.
+pub struct Connection {
+    target: NodeId,
+    /// `Err` when the peer's address is not a valid URI; every RPC then fails
+    /// as unreachable (the membership, not this node, must be fixed).
+    client: Result<RaftClient<Channel>, String>,
+    contacts: PeerContacts,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct TransportError(String);
+
+type RpcResult<T, E> = Result<T, RPCError<NodeId, Member, RaftError<NodeId, E>>>;
+
+impl Connection {
+    async fn call<Req, Resp, E>(
+        &mut self,
+        kind: RpcKind,
+        request: &Req,
+        option: &RPCOption,
+    ) -> RpcResult<Resp, E>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let client = match &mut self.client {
+            Ok(c) => c,
+            Err(e) => {
+                return Err(RPCError::Unreachable(Unreachable::new(&TransportError(
+                    e.clone(),
+                ))));
+            }
+        };
+        let data =
+            bincode::serialize(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let mut req = Request::new(RaftPayload { data });
+        req.set_timeout(option.hard_ttl());
+        let reply = match kind {
+            RpcKind::Vote => client.vote(req).await,
+            RpcKind::Append => client.append_entries(req).await,
+            RpcKind::Snapshot => client.install_snapshot(req).await,
+        };
+        let reply = match reply {
+            Ok(r) => r.into_inner(),
+            Err(status) if status.code() == tonic::Code::Unavailable => {
+                return Err(RPCError::Unreachable(Unreachable::new(&status)));
+            }
+            Err(status) => return Err(RPCError::Network(NetworkError::new(&status))),
+        };
+        self.contacts.touch(self.target);
+        let result: Result<Resp, RaftError<NodeId, E>> = bincode::deserialize(&reply.data)
+            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+#[derive(Clone, Copy)]
+enum RpcKind {
+    Vote,
+    Append,
+    Snapshot,
+}
+
+impl RaftNetwork<TypeConfig> for Connection {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, Infallible> {
+        self.call(RpcKind::Append, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
+        self.call(RpcKind::Snapshot, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>, Infallible> {
+        self.call(RpcKind::Vote, &rpc, &option).await
+    }
+}
+
+/// The `meridian.v1.Raft` gRPC service: decodes each RPC and hands it to the
+/// local Raft node.
+pub struct RaftService {
+    raft: Raft,
+}
+
+impl RaftService {
+    pub fn server(raft: Raft) -> raft_server::RaftServer<RaftService> {
+        raft_server::RaftServer::new(RaftService { raft })
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    }
+}
+
+fn decode<T: DeserializeOwned>(request: Request<RaftPayload>) -> Result<T, Status> {
+    bincode::deserialize(&request.into_inner().data)
+        .map_err(|e| Status::invalid_argument(format!("undecodable Raft payload: {e}")))
+}
+
+fn encode<T: Serialize>(reply: &T) -> Result<Response<RaftPayload>, Status> {
+    bincode::serialize(reply)
+        .map(|data| Response::new(RaftPayload { data }))
+        .map_err(|e| Status::internal(format!("encoding Raft reply: {e}")))
+}
+
+#[tonic::async_trait]
+impl raft_server::Raft for RaftService {
+    async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let rpc: VoteRequest<NodeId> = decode(request)?;
+        encode(&self.raft.vote(rpc).await)
+    }
+
+    async fn append_entries(
+        &self,
+        request: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        let rpc: AppendEntriesRequest<TypeConfig> = decode(request)?;
+        encode(&self.raft.append_entries(rpc).await)
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        let rpc: InstallSnapshotRequest<TypeConfig> = decode(request)?;
+        encode(&self.raft.install_snapshot(rpc).await)
+    }
+}

@@ -1,0 +1,438 @@
+//! The replicated state and the commands that change it.
+//!
+//! Pure: [`Registry::apply`] is the only code that mutates replicated state,
+//! and it runs inside the Raft state machine on every node with the same
+//! commands in the same order. Anything that varies between nodes (the clock,
+//! validation of YAML) happens before a command is proposed, and the command
+//! carries the result (`at_unix_ms`).
+//!
+//! These types travel through Raft as bincode, which cannot decode serde's
+//! internally tagged enums: keep the default (external) enum tagging.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A rule-set version's place in the staged rollout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// Limiters decide and count with it, but enforce the stable version.
+    Shadow,
+    /// Enforced only in these regions; the others enforce the stable version.
+    Canary { regions: Vec<String> },
+    /// Enforced everywhere.
+    All,
+}
+
+/// How a version came to be.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Origin {
+    Put,
+    /// A copy of version `of`'s files, made by a rollback.
+    Rollback {
+        of: u64,
+    },
+}
+
+/// One immutable rule-set version; only its stage moves, and only while it is
+/// the newest version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleSetVersion {
+    pub number: u64,
+    /// File name → YAML text, as validated when the version was proposed.
+    pub files: BTreeMap<String, String>,
+    pub stage: Stage,
+    pub origin: Origin,
+    pub created_at_unix_ms: i64,
+}
+
+/// A region's state in the registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RegionState {
+    Active,
+    /// Its share is being moved away (drills, maintenance).
+    Draining,
+    Failed,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Region {
+    pub name: String,
+    /// Relative share of static allocations (> 0).
+    pub weight: f64,
+    pub state: RegionState,
+    pub updated_at_unix_ms: i64,
+}
+
+/// Every change to replicated state. Allocation epochs and drill records
+/// (issue 6) become further variants here.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Command {
+    /// Create version N+1 from already validated files.
+    PutRules {
+        files: BTreeMap<String, String>,
+        stage: Stage,
+        at_unix_ms: i64,
+    },
+    /// Move the newest version to another stage. `version` guards against
+    /// rolling out another version than the caller saw; `None`: whichever
+    /// version is newest when the command is applied.
+    Rollout {
+        version: Option<u64>,
+        stage: Stage,
+    },
+    /// Create version N+1 with the files of `to`, or of the previous stable
+    /// version when `to` is `None`, at stage `All`.
+    Rollback {
+        to: Option<u64>,
+        at_unix_ms: i64,
+    },
+    PutRegion {
+        name: String,
+        weight: f64,
+        state: RegionState,
+        at_unix_ms: i64,
+    },
+    DeleteRegion {
+        name: String,
+    },
+}
+
+/// What applying a command did. A rejected command is still in the log (every
+/// node rejects it identically); it changes nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// Applied; `version` is the rule-set version the command created or moved.
+    Applied { version: Option<u64> },
+    /// Refused against the state it met, e.g. a rollout of a superseded
+    /// version or a rollback with nothing to roll back to.
+    Rejected { reason: String },
+    /// Refused because what it names does not exist (a version, a region).
+    NotFound { reason: String },
+    /// Membership changes and blank entries carry no command.
+    Nothing,
+}
+
+/// The replicated state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Registry {
+    /// Every rule-set version ever created, by number. Versions are never
+    /// edited or deleted, so any of them can be rolled back to.
+    pub versions: BTreeMap<u64, RuleSetVersion>,
+    pub regions: BTreeMap<String, Region>,
+}
+
+fn rejected(reason: impl Into<String>) -> Outcome {
+    Outcome::Rejected {
+        reason: reason.into(),
+    }
+}
+
+impl Registry {
+    /// The newest version, whatever its stage.
+    pub fn current(&self) -> Option<&RuleSetVersion> {
+        self.versions.values().next_back()
+    }
+
+    /// The newest version before `current` that reached stage `All`: what
+    /// regions enforce while `current` is in shadow or outside its canary.
+    /// `None` when `current` is itself at `All`.
+    pub fn stable(&self) -> Option<&RuleSetVersion> {
+        let current = self.current()?;
+        if current.stage == Stage::All {
+            return None;
+        }
+        self.versions
+            .range(..current.number)
+            .rev()
+            .map(|(_, v)| v)
+            .find(|v| v.stage == Stage::All)
+    }
+
+    fn next_number(&self) -> u64 {
+        self.current().map_or(1, |v| v.number + 1)
+    }
+
+    /// Canary regions must be registered, so a typo cannot silently canary nowhere.
+    fn check_stage(&self, stage: &Stage) -> Result<(), String> {
+        if let Stage::Canary { regions } = stage {
+            if regions.is_empty() {
+                return Err("a canary stage needs at least one region".into());
+            }
+            if let Some(unknown) = regions.iter().find(|r| !self.regions.contains_key(*r)) {
+                return Err(format!("canary region {unknown:?} is not registered"));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn apply(&mut self, command: Command) -> Outcome {
+        match command {
+            Command::PutRules {
+                files,
+                stage,
+                at_unix_ms,
+            } => {
+                if let Err(reason) = self.check_stage(&stage) {
+                    return rejected(reason);
+                }
+                let number = self.next_number();
+                self.versions.insert(
+                    number,
+                    RuleSetVersion {
+                        number,
+                        files,
+                        stage,
+                        origin: Origin::Put,
+                        created_at_unix_ms: at_unix_ms,
+                    },
+                );
+                Outcome::Applied {
+                    version: Some(number),
+                }
+            }
+            Command::Rollout { version, stage } => {
+                if let Err(reason) = self.check_stage(&stage) {
+                    return rejected(reason);
+                }
+                let Some(current) = self.versions.values_mut().next_back() else {
+                    return rejected("there is no rule-set version yet");
+                };
+                let version = version.unwrap_or(current.number);
+                if current.number != version {
+                    return rejected(format!(
+                        "only the newest version ({}) can be rolled out; version {version} is superseded",
+                        current.number
+                    ));
+                }
+                if current.stage == Stage::All && stage != Stage::All {
+                    return rejected(format!(
+                        "version {version} is already enforced everywhere; use rollback to go back"
+                    ));
+                }
+                current.stage = stage;
+                Outcome::Applied {
+                    version: Some(version),
+                }
+            }
+            Command::Rollback { to, at_unix_ms } => {
+                let Some(current) = self.current() else {
+                    return rejected("there is no rule-set version to roll back from");
+                };
+                let target = match to {
+                    Some(n) => match self.versions.get(&n) {
+                        Some(v) => v,
+                        None => {
+                            return Outcome::NotFound {
+                                reason: format!("version {n} does not exist"),
+                            };
+                        }
+                    },
+                    None => match self
+                        .versions
+                        .range(..current.number)
+                        .rev()
+                        .map(|(_, v)| v)
+                        .find(|v| v.stage == Stage::All)
+                    {
+                        Some(v) => v,
+                        None => {
+                            return rejected(format!(
+                                "no version before {} was enforced everywhere",
+                                current.number
+                            ));
+                        }
+                    },
+                };
+                let files = target.files.clone();
+                let of = target.number;
+                let number = self.next_number();
+                self.versions.insert(
+                    number,
+                    RuleSetVersion {
+                        number,
+                        files,
+                        stage: Stage::All,
+                        origin: Origin::Rollback { of },
+                        created_at_unix_ms: at_unix_ms,
+                    },
+                );
+                Outcome::Applied {
+                    version: Some(number),
+                }
+            }
+            Command::PutRegion {
+                name,
+                weight,
+                state,
+                at_unix_ms,
+            } => {
+                self.regions.insert(
+                    name.clone(),
+                    Region {
+                        name,
+                        weight,
+                        state,
+                        updated_at_unix_ms: at_unix_ms,
+                    },
+                );
+                Outcome::Applied { version: None }
+            }
+            Command::DeleteRegion { name } => {
+                let in_canary = self.current().is_some_and(
+                    |v| matches!(&v.stage, Stage::Canary { regions } if regions.contains(&name)),
+                );
+                if in_canary {
+                    return rejected(format!(
+                        "region {name:?} is a canary of the current rule-set version"
+                    ));
+                }
+                match self.regions.remove(&name) {
+                    Some(_) => Outcome::Applied { version: None },
+                    None => Outcome::NotFound {
+                        reason: format!("region {name:?} does not exist"),
+                    },
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(text: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([("a.yaml".to_string(), text.to_string())])
+    }
+
+    fn put(registry: &mut Registry, text: &str, stage: Stage) -> Outcome {
+        registry.apply(Command::PutRules {
+            files: files(text),
+            stage,
+            at_unix_ms: 0,
+        })
+    }
+
+    #[test]
+    fn puts_create_new_versions_and_never_edit() {
+        let mut r = Registry::default();
+        assert_eq!(
+            put(&mut r, "one", Stage::All),
+            Outcome::Applied { version: Some(1) }
+        );
+        assert_eq!(
+            put(&mut r, "two", Stage::All),
+            Outcome::Applied { version: Some(2) }
+        );
+        assert_eq!(r.versions[&1].files, files("one"));
+        assert_eq!(r.current().map(|v| v.number), Some(2));
+        assert_eq!(r.stable(), None);
+    }
+
+    #[test]
+    fn shadow_then_canary_then_all_keeps_stable_until_all() {
+        let mut r = Registry::default();
+        r.apply(Command::PutRegion {
+            name: "eu".into(),
+            weight: 1.0,
+            state: RegionState::Active,
+            at_unix_ms: 0,
+        });
+        put(&mut r, "one", Stage::All);
+        put(&mut r, "two", Stage::Shadow);
+        assert_eq!(r.stable().map(|v| v.number), Some(1));
+        let canary = Stage::Canary {
+            regions: vec!["eu".into()],
+        };
+        assert_eq!(
+            r.apply(Command::Rollout {
+                version: Some(2),
+                stage: canary
+            }),
+            Outcome::Applied { version: Some(2) }
+        );
+        assert_eq!(r.stable().map(|v| v.number), Some(1));
+        r.apply(Command::Rollout {
+            version: None,
+            stage: Stage::All,
+        });
+        assert_eq!(r.stable(), None);
+        assert!(matches!(
+            r.apply(Command::Rollout {
+                version: Some(2),
+                stage: Stage::Shadow
+            }),
+            Outcome::Rejected { .. }
+        ));
+    }
+
+    #[test]
+    fn canary_in_unknown_region_is_rejected() {
+        let mut r = Registry::default();
+        let out = put(
+            &mut r,
+            "one",
+            Stage::Canary {
+                regions: vec!["mars".into()],
+            },
+        );
+        assert!(matches!(out, Outcome::Rejected { reason } if reason.contains("mars")));
+        assert!(r.versions.is_empty());
+    }
+
+    #[test]
+    fn rollback_copies_previous_stable_as_new_version() {
+        let mut r = Registry::default();
+        put(&mut r, "one", Stage::All);
+        put(&mut r, "two", Stage::All);
+        assert_eq!(
+            r.apply(Command::Rollback {
+                to: None,
+                at_unix_ms: 5
+            }),
+            Outcome::Applied { version: Some(3) }
+        );
+        let v3 = &r.versions[&3];
+        assert_eq!(v3.files, files("one"));
+        assert_eq!(v3.origin, Origin::Rollback { of: 1 });
+        assert_eq!(
+            r.apply(Command::Rollback {
+                to: Some(2),
+                at_unix_ms: 6
+            }),
+            Outcome::Applied { version: Some(4) }
+        );
+        assert_eq!(r.versions[&4].files, files("two"));
+        assert!(matches!(
+            r.apply(Command::Rollback {
+                to: Some(99),
+                at_unix_ms: 7
+            }),
+            Outcome::NotFound { .. }
+        ));
+    }
+
+    #[test]
+    fn rollback_without_history_is_rejected() {
+        let mut r = Registry::default();
+        assert!(matches!(
+            r.apply(Command::Rollback {
+                to: None,
+                at_unix_ms: 0
+            }),
+            Outcome::Rejected { .. }
+        ));
+        put(&mut r, "one", Stage::All);
+        assert!(matches!(
+            r.apply(Command::Rollback {
+                to: None,
+                at_unix_ms: 0
+            }),
+            Outcome::Rejected { .. }
+        ));
+    }
+}

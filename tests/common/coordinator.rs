@@ -1,0 +1,375 @@
+//! Coordinator clusters for tests: real `meridian coordinator` processes on
+//! loopback, each with its own data dir under one temp dir, killed with
+//! SIGKILL when the cluster handle drops (also when a test panics).
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+pub const TOKEN: &str = "test-admin-token";
+
+/// Raft timings and snapshot policy passed to every node.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub heartbeat_ms: u64,
+    pub election_timeout_ms: u64,
+    pub snapshot_logs: u64,
+    pub snapshot_keep_logs: u64,
+}
+
+impl Default for Options {
+    /// Short timings for loopback, yet above a slow disk's fsync (a vote is
+    /// fsynced before it is answered; a loaded CI disk can take 200+ ms).
+    fn default() -> Self {
+        Options {
+            heartbeat_ms: 100,
+            election_timeout_ms: 1000,
+            snapshot_logs: 5000,
+            snapshot_keep_logs: 1000,
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// One node: its ports stay fixed across restarts, its data dir persists.
+pub struct Node {
+    pub id: u64,
+    pub raft_addr: String,
+    pub http_addr: String,
+    data_dir: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Node {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.http_addr)
+    }
+
+    pub fn grpc_url(&self) -> String {
+        format!("http://{}", self.raft_addr)
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The last lines of the node's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+pub struct Cluster {
+    pub nodes: BTreeMap<u64, Node>,
+    pub http: reqwest::Client,
+    options: Options,
+    dir: TempDir,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in self.nodes.values_mut() {
+            node.kill();
+        }
+        if std::thread::panicking() {
+            for node in self.nodes.values() {
+                eprintln!("--- node {} log tail ---\n{}", node.id, node.log_tail());
+            }
+        }
+    }
+}
+
+impl Cluster {
+    /// Starts `n` nodes; node 1 bootstraps the cluster with all of them.
+    pub async fn start(n: u64, options: Options) -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir for the cluster");
+        let mut cluster = Cluster {
+            nodes: BTreeMap::new(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .expect("HTTP client"),
+            options,
+            dir,
+        };
+        for id in 1..=n {
+            cluster.define(id);
+        }
+        let init: Vec<String> = cluster
+            .nodes
+            .values()
+            .map(|n| format!("{}={}@{}", n.id, n.raft_addr, n.http_addr))
+            .collect();
+        let init = init.join(",");
+        for id in 1..=n {
+            let extra = if id == 1 {
+                vec!["--init".to_string(), init.clone()]
+            } else {
+                Vec::new()
+            };
+            cluster.spawn(id, &extra);
+        }
+        cluster.wait_leader(Duration::from_secs(20)).await;
+        cluster
+    }
+
+    fn define(&mut self, id: u64) {
+        let node = Node {
+            id,
+            raft_addr: format!("127.0.0.1:{}", free_port()),
+            http_addr: format!("127.0.0.1:{}", free_port()),
+            data_dir: self.dir.path().join(format!("node-{id}")),
+            log: self.dir.path().join(format!("node-{id}.log")),
+            child: None,
+        };
+        self.nodes.insert(id, node);
+    }
+
+    fn spawn(&mut self, id: u64, extra: &[String]) {
+        let o = self.options.clone();
+        let node = self.nodes.get_mut(&id).expect("node defined");
+        assert!(node.child.is_none(), "node {id} already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&node.log)
+            .expect("node log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_meridian"))
+            .arg("coordinator")
+            .args(["--id", &id.to_string()])
+            .arg("--data-dir")
+            .arg(&node.data_dir)
+            .args(["--raft-addr", &node.raft_addr])
+            .args(["--http-addr", &node.http_addr])
+            .args(["--admin-token", TOKEN])
+            .args(["--heartbeat-ms", &o.heartbeat_ms.to_string()])
+            .args(["--election-timeout-ms", &o.election_timeout_ms.to_string()])
+            .args(["--snapshot-logs", &o.snapshot_logs.to_string()])
+            .args(["--snapshot-keep-logs", &o.snapshot_keep_logs.to_string()])
+            .args(extra)
+            .env("RUST_LOG", "info,openraft=warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log handle"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn meridian coordinator");
+        node.child = Some(child);
+    }
+
+    pub fn node(&self, id: u64) -> &Node {
+        self.nodes.get(&id).expect("node exists")
+    }
+
+    pub fn running(&self) -> Vec<u64> {
+        self.nodes
+            .values()
+            .filter(|n| n.is_running())
+            .map(|n| n.id)
+            .collect()
+    }
+
+    /// SIGKILL: no shutdown path runs, only what is on disk survives.
+    pub fn kill(&mut self, id: u64) {
+        self.nodes.get_mut(&id).expect("node exists").kill();
+    }
+
+    /// SIGTERM, then waits up to `timeout` for the process to exit; returns
+    /// whether it exited successfully in time (it is SIGKILLed otherwise).
+    pub fn terminate(&mut self, id: u64, timeout: Duration) -> bool {
+        let node = self.nodes.get_mut(&id).expect("node exists");
+        let Some(child) = node.child.as_mut() else {
+            return false;
+        };
+        let sent = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(sent, "could not send SIGTERM to node {id}");
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                node.child = None;
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        node.kill();
+        false
+    }
+
+    /// Restarts a stopped node from its data dir (no --init, no --join).
+    pub fn restart(&mut self, id: u64) {
+        self.spawn(id, &[]);
+    }
+
+    /// Starts a new node that joins through node `via`.
+    pub fn join(&mut self, id: u64, via: u64) {
+        self.define(id);
+        let url = self.node(via).url();
+        self.spawn(id, &["--join".to_string(), url]);
+    }
+
+    /// Removes the node from the Raft membership (through node `via`), then stops it.
+    pub async fn remove(&mut self, id: u64, via: u64) {
+        let (status, body) = self
+            .send(
+                via,
+                reqwest::Method::DELETE,
+                &format!("/api/v1/cluster/nodes/{id}"),
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "remove node {id}: {body}");
+        self.kill(id);
+    }
+
+    /// GET a path on a node; `None` when the node does not answer.
+    pub async fn get(&self, id: u64, path: &str) -> Option<(u16, Value)> {
+        let url = format!("{}{path}", self.node(id).url());
+        let r = self.http.get(url).send().await.ok()?;
+        let status = r.status().as_u16();
+        Some((status, r.json().await.unwrap_or(Value::Null)))
+    }
+
+    /// A write with the admin token.
+    pub async fn send(
+        &self,
+        id: u64,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let url = format!("{}{path}", self.node(id).url());
+        let mut req = self.http.request(method, url).bearer_auth(TOKEN);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        match req.send().await {
+            Ok(r) => {
+                let status = r.status().as_u16();
+                (status, r.json().await.unwrap_or(Value::Null))
+            }
+            Err(e) => (0, json!({ "error": e.to_string() })),
+        }
+    }
+
+    /// PUT a one-file rule set for `domain`; (status, body).
+    pub async fn put_rules(&self, id: u64, domain: &str) -> (u16, Value) {
+        self.put_text(id, &rules_yaml(domain)).await
+    }
+
+    /// PUT `text` as the rule set's only file, `rules.yaml`; (status, body).
+    pub async fn put_text(&self, id: u64, text: &str) -> (u16, Value) {
+        self.send(
+            id,
+            reqwest::Method::PUT,
+            "/api/v1/rules",
+            Some(json!({ "files": { "rules.yaml": text } })),
+        )
+        .await
+    }
+
+    /// Waits until every running node names the same running leader, which
+    /// itself reports being leader; returns its id.
+    pub async fn wait_leader(&self, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(leader) = self.agreed_leader().await {
+                return leader;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no agreed leader within {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn agreed_leader(&self) -> Option<u64> {
+        let running = self.running();
+        let mut leader = None;
+        for id in &running {
+            let (_, body) = self.get(*id, "/api/v1/cluster").await?;
+            let l = body["leader"].as_u64()?;
+            if leader.is_some_and(|x| x != l) {
+                return None;
+            }
+            leader = Some(l);
+        }
+        let l = leader?;
+        if !running.contains(&l) {
+            return None;
+        }
+        let (_, body) = self.get(l, "/api/v1/cluster").await?;
+        (body["state"] == "Leader").then_some(l)
+    }
+
+    /// Waits until node `id` has applied rule-set version `n` (local read).
+    pub async fn wait_version(&self, id: u64, n: u64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some((200, body)) = self.get(id, "/api/v1/rules").await
+                && body["current"]["number"].as_u64() >= Some(n)
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id} did not apply version {n} within {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Node `id`'s value of a Prometheus counter or gauge (0 when absent).
+    pub async fn metric(&self, id: u64, name: &str) -> f64 {
+        let url = format!("{}/metrics", self.node(id).url());
+        let Ok(r) = self.http.get(url).send().await else {
+            return 0.0;
+        };
+        let text = r.text().await.unwrap_or_default();
+        text.lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+/// A small valid rule file for `domain`.
+pub fn rules_yaml(domain: &str) -> String {
+    format!(
+        "domain: {domain}\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: minute\n      requests_per_unit: 100\n"
+    )
+}
+
+/// p-th percentile (0–100) of durations, in milliseconds.
+pub fn percentile_ms(samples: &[Duration], p: f64) -> f64 {
+    let mut v: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
+    v[rank.min(v.len() - 1)]
+}
