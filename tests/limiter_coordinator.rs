@@ -1,0 +1,174 @@
+//! A limiter fed by a real coordinator cluster: new versions are enforced
+//! within a second of commit, rollout stages are honoured, and the last rules
+//! keep being enforced when every coordinator is gone — also across a limiter
+//! restart, from the on-disk cache.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::RedisServer;
+use common::coordinator::{Cluster, Options};
+use common::limiter::LimiterProcess;
+use meridian::proto::envoy::extensions::common::ratelimit::v3::{
+    RateLimitDescriptor, rate_limit_descriptor::Entry,
+};
+use meridian::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use meridian::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use meridian::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use serde_json::json;
+
+fn rules(limit: u32) -> String {
+    format!(
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: hour\n      requests_per_unit: {limit}\n"
+    )
+}
+
+/// The limit the limiter reports for `user=<key>` (None: no rule matched),
+/// and whether the check was admitted.
+async fn probe(limiter: &LimiterProcess, key: &str) -> Option<(u32, bool)> {
+    let mut client = RateLimitServiceClient::connect(limiter.grpc_url())
+        .await
+        .ok()?;
+    let r = client
+        .should_rate_limit(RateLimitRequest {
+            domain: "api".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "user".into(),
+                    value: key.into(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        })
+        .await
+        .ok()?
+        .into_inner();
+    let status = r.statuses.first()?;
+    let limit = status.current_limit.as_ref()?.requests_per_unit;
+    Some((limit, status.code == Code::Ok as i32))
+}
+
+async fn wait_for_limit(limiter: &LimiterProcess, limit: u32, within: Duration) -> Duration {
+    let started = Instant::now();
+    let mut n = 0;
+    loop {
+        n += 1;
+        if probe(limiter, &format!("probe-{limit}-{n}"))
+            .await
+            .map(|p| p.0)
+            == Some(limit)
+        {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "limit {limit} not enforced within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Checks `n` times on one key; how many were admitted.
+async fn admitted(limiter: &LimiterProcess, key: &str, n: usize) -> usize {
+    let mut ok = 0;
+    for _ in 0..n {
+        ok += usize::from(
+            probe(limiter, key)
+                .await
+                .is_some_and(|(_, allowed)| allowed),
+        );
+    }
+    ok
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limiter_enforces_new_versions_within_a_second_and_outlives_the_coordinators() {
+    let redis = RedisServer::start();
+    let mut cluster = Cluster::start(3, Options::default()).await;
+    let leader = cluster.wait_leader(Duration::from_secs(30)).await;
+    let (status, body) = cluster.put_text(leader, &rules(2)).await;
+    assert_eq!(status, 200, "{body}");
+
+    let cache_dir = tempfile::tempdir().expect("temp dir");
+    let cache = cache_dir.path().join("rules-cache.json");
+    let coordinators: Vec<String> = cluster
+        .running()
+        .iter()
+        .map(|&id| cluster.node(id).grpc_url())
+        .collect();
+    let mut args = vec![
+        "--redis".to_string(),
+        redis.url(),
+        "--region".into(),
+        "mumbai".into(),
+    ];
+    args.extend(["--rules-cache".into(), cache.display().to_string()]);
+    for url in &coordinators {
+        args.extend(["--coordinator".to_string(), url.clone()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let limiter = LimiterProcess::start_without_rules(&args);
+    wait_for_limit(&limiter, 2, Duration::from_secs(10)).await;
+    assert_eq!(admitted(&limiter, "alice", 4).await, 2);
+
+    // A new version is enforced within a second of its commit.
+    let (status, body) = cluster.put_text(leader, &rules(7)).await;
+    assert_eq!(status, 200, "{body}");
+    let took = wait_for_limit(&limiter, 7, Duration::from_secs(1)).await;
+    println!("new rule version enforced {took:?} after commit");
+
+    for region in ["mumbai", "hyderabad"] {
+        let path = format!("/api/v1/regions/{region}");
+        let (status, body) = cluster
+            .send(leader, reqwest::Method::PUT, &path, Some(json!({})))
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    // A canary for another region does not reach this one…
+    let (status, body) = cluster
+        .send(
+            leader,
+            reqwest::Method::PUT,
+            "/api/v1/rules",
+            Some(json!({"files": {"rules.yaml": rules(11)}, "stage": "canary", "canary_regions": ["hyderabad"]})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(probe(&limiter, "canary-check").await.map(|p| p.0), Some(7));
+    // …but the same version rolled out to mumbai does.
+    let (status, body) = cluster
+        .send(
+            leader,
+            reqwest::Method::POST,
+            "/api/v1/rules/rollout",
+            Some(json!({"stage": "canary", "canary_regions": ["hyderabad", "mumbai"]})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    wait_for_limit(&limiter, 11, Duration::from_secs(2)).await;
+    let (status, body) = cluster
+        .send(
+            leader,
+            reqwest::Method::POST,
+            "/api/v1/rules/rollout",
+            Some(json!({"stage": "all"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+
+    // Every coordinator dies: the limiter keeps enforcing the last rules.
+    for id in cluster.running() {
+        cluster.kill(id);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(admitted(&limiter, "bob", 13).await, 11);
+
+    // And a restarted limiter, with no coordinator to ask, enforces them from its cache.
+    drop(limiter);
+    let limiter = LimiterProcess::start_without_rules(&args);
+    wait_for_limit(&limiter, 11, Duration::from_secs(5)).await;
+    assert_eq!(admitted(&limiter, "carol", 13).await, 11);
+}
