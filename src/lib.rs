@@ -4,6 +4,7 @@
 //! Redis.
 
 pub mod algorithm;
+pub mod bench;
 pub mod proto;
 pub mod rules;
 pub mod store;

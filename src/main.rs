@@ -14,6 +14,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start-up: variant sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the regional limiter service (Envoy RLS v3, gRPC, HTTP).
@@ -27,7 +29,7 @@ enum Command {
     /// Replay multi-region traffic in virtual time and measure the bounds.
     Simulate,
     /// Load-test a limiter and report latency histograms.
-    Bench,
+    Bench(meridian::bench::BenchArgs),
     /// Check and explain rule files.
     Rules,
 }
@@ -35,14 +37,27 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let name = match cli.command {
+        Command::Bench(args) => return bench(args),
         Command::Limiter => "limiter",
         Command::Coordinator => "coordinator",
         Command::Ctl => "ctl",
         Command::Demo => "demo",
         Command::Simulate => "simulate",
-        Command::Bench => "bench",
         Command::Rules => "rules",
     };
     eprintln!("meridian {name}: not yet implemented");
     std::process::ExitCode::FAILURE
+}
+
+fn bench(args: meridian::bench::BenchArgs) -> std::process::ExitCode {
+    let outcome = tokio::runtime::Runtime::new()
+        .map_err(anyhow::Error::from)
+        .and_then(|runtime| Ok(runtime.block_on(meridian::bench::run(args))?));
+    match outcome {
+        Ok(_) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("meridian bench: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
