@@ -579,9 +579,10 @@ async fn report_progress(recorder: Arc<Recorder>, window: Window) {
         } else {
             (latency_us - last.1) as f64 / requests as f64 / 1000.0
         };
-        let phase = if now < window.measure_from {
+        // The phase the second began in: the line describes that second.
+        let phase = if last.2 < window.measure_from {
             "warmup"
-        } else if now < window.end {
+        } else if last.2 < window.end {
             "measure"
         } else {
             "drain"
