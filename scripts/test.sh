@@ -19,6 +19,8 @@ apt_install() {
 if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
   apt_install redis-server redis-tools
 fi
+# The TLS tests make their own CA and certificates with openssl.
+command -v openssl >/dev/null || apt_install openssl
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
   rustup component add rustfmt clippy
 fi

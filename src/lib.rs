@@ -5,6 +5,8 @@
 
 pub mod algorithm;
 pub mod bench;
+pub mod limiter;
 pub mod proto;
 pub mod rules;
 pub mod store;
+pub mod telemetry;

@@ -14,12 +14,12 @@ struct Cli {
     command: Command,
 }
 
-// Parsed once at start-up: variant sizes do not matter.
+// Parsed once at start-up: the size difference between variants costs nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the regional limiter service (Envoy RLS v3, gRPC, HTTP).
-    Limiter,
+    Limiter(meridian::limiter::cli::LimiterArgs),
     /// Run a coordinator node (Raft cluster holding rules, regions, allocations).
     Coordinator,
     /// Operate a coordinator cluster through its admin API.
@@ -31,32 +31,41 @@ enum Command {
     /// Load-test a limiter and report latency histograms.
     Bench(meridian::bench::BenchArgs),
     /// Check and explain rule files.
-    Rules,
+    Rules(meridian::rules::cli::RulesArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let name = match cli.command {
-        Command::Bench(args) => return bench(args),
-        Command::Limiter => "limiter",
+        Command::Limiter(args) => return run(meridian::limiter::cli::run(args)),
         Command::Coordinator => "coordinator",
         Command::Ctl => "ctl",
         Command::Demo => "demo",
         Command::Simulate => "simulate",
-        Command::Rules => "rules",
+        Command::Bench(args) => {
+            return run(async { Ok(meridian::bench::run(args).await.map(drop)?) });
+        }
+        Command::Rules(args) => return meridian::rules::cli::run(args),
     };
     eprintln!("meridian {name}: not yet implemented");
     std::process::ExitCode::FAILURE
 }
 
-fn bench(args: meridian::bench::BenchArgs) -> std::process::ExitCode {
-    let outcome = tokio::runtime::Runtime::new()
-        .map_err(anyhow::Error::from)
-        .and_then(|runtime| Ok(runtime.block_on(meridian::bench::run(args))?));
-    match outcome {
-        Ok(_) => std::process::ExitCode::SUCCESS,
+/// Runs a service command on a multi-threaded runtime with logs set up; an
+/// error is printed with its causes and exits 1.
+fn run(command: impl std::future::Future<Output = anyhow::Result<()>>) -> std::process::ExitCode {
+    meridian::telemetry::init_logs("meridian=info");
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
         Err(e) => {
-            eprintln!("meridian bench: {e:#}");
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(command) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }

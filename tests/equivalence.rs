@@ -17,6 +17,7 @@ struct Op {
     key: u8,
     cost: u64,
     /// µs since the previous op; timestamps never go backwards.
+    /// (A cost of 0 means a check-only peek.)
     advance: u64,
 }
 
@@ -27,8 +28,8 @@ fn op(period_us: u64) -> impl Strategy<Value = Op> {
         4 => 0..period_us,
         1 => period_us..3 * period_us,
     ];
-    // Mostly small costs, sometimes more than any limit here allows.
-    let cost = prop_oneof![8 => 1..4u64, 1 => 4..13u64, 1 => Just(40u64)];
+    // Mostly small costs, sometimes more than any limit here allows; 0 is a peek.
+    let cost = prop_oneof![8 => 1..4u64, 1 => 4..13u64, 1 => Just(40u64), 1 => Just(0u64)];
     (0..3u8, cost, advance).prop_map(|(key, cost, advance)| Op { key, cost, advance })
 }
 
@@ -74,10 +75,17 @@ fn run(algorithm: Algorithm) {
                 now += op.advance;
                 let key = format!("k{}", op.key);
                 let (from_memory, from_redis) = rt.block_on(async {
-                    (
-                        memory.check(&limit, &key, op.cost, Some(now)).await,
-                        redis.check(&limit, &key, op.cost, Some(now)).await,
-                    )
+                    if op.cost == 0 {
+                        (
+                            memory.peek(&limit, &key, Some(now)).await,
+                            redis.peek(&limit, &key, Some(now)).await,
+                        )
+                    } else {
+                        (
+                            memory.check(&limit, &key, op.cost, Some(now)).await,
+                            redis.check(&limit, &key, op.cost, Some(now)).await,
+                        )
+                    }
                 });
                 let (m, r) = (from_memory.expect("memory"), from_redis.expect("redis"));
                 prop_assert_eq!(&m, &r, "op {} {:?} at {}", i, op, now);

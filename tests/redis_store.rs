@@ -187,6 +187,47 @@ async fn windows_follow_the_redis_clock_without_a_timestamp() {
 }
 
 #[tokio::test]
+async fn peeks_consume_nothing_and_see_a_shrunk_limit() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    for algorithm in Algorithm::ALL {
+        let rule = format!("peek-{algorithm}");
+        let l = Limit {
+            rule: rule.clone(),
+            params: Params::new(algorithm, 3, Duration::from_secs(60), None).expect("params"),
+        };
+        for _ in 0..5 {
+            let d = store.peek(&l, "k", Some(EDGE)).await.expect("peek");
+            assert!(d.allowed && d.remaining == 3, "{algorithm}: {d:?}");
+        }
+        for _ in 0..3 {
+            assert!(
+                store
+                    .check(&l, "k", 1, Some(EDGE))
+                    .await
+                    .expect("check")
+                    .allowed
+            );
+        }
+        let d = store.peek(&l, "k", Some(EDGE)).await.expect("peek");
+        assert!(
+            d.allowed && d.remaining == 0,
+            "{algorithm} at the limit: {d:?}"
+        );
+        if algorithm.has_burst() {
+            continue; // an empty bucket is not "over"; it just has no tokens
+        }
+        // The limit shrinks under the key (a smaller allocation): now it is over.
+        let shrunk = Limit {
+            rule,
+            params: Params::new(algorithm, 2, Duration::from_secs(60), None).expect("params"),
+        };
+        let d = store.peek(&shrunk, "k", Some(EDGE)).await.expect("peek");
+        assert!(!d.allowed, "{algorithm} over a shrunk limit: {d:?}");
+    }
+}
+
+#[tokio::test]
 async fn flushed_script_cache_is_reloaded() {
     let server = RedisServer::start();
     let store = connect(&server).await;
@@ -326,5 +367,57 @@ async fn crafted_keys_never_share_state() {
         keys.len(),
         CRAFTED.len() * (Algorithm::ALL.len() + 1),
         "{keys:#?}"
+    );
+}
+
+#[tokio::test]
+async fn tls_redis_is_reached_with_the_given_ca_and_refused_without_it() {
+    let certs = tempfile::tempdir().expect("temp dir");
+    let (ca, cert, key) = common::make_tls_certs(certs.path());
+    // A TLS-only server: the plain port is closed, the TLS port is `--port`'s value.
+    let plain = RedisServer::start();
+    let tls_port = plain.port() + 1;
+    drop(plain);
+    let server = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port.to_string(),
+        "--tls-cert-file",
+        cert.to_str().expect("utf-8 path"),
+        "--tls-key-file",
+        key.to_str().expect("utf-8 path"),
+        "--tls-ca-cert-file",
+        ca.to_str().expect("utf-8 path"),
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    let mut config = RedisConfig::new(&url);
+    config.ca_cert = Some(std::fs::read(&ca).expect("read ca"));
+    let store = RedisStore::connect(&config)
+        .await
+        .expect("TLS connect with the CA");
+    let l = limit("tls", Algorithm::FixedWindow, 1, Duration::from_secs(60));
+    assert!(
+        store
+            .check(&l, "k", 1, None)
+            .await
+            .expect("check over TLS")
+            .allowed
+    );
+    assert!(
+        !store
+            .check(&l, "k", 1, None)
+            .await
+            .expect("check over TLS")
+            .allowed
+    );
+    let keys: Vec<String> = server.connection().keys("mr:{tls:k}*").expect("KEYS");
+    assert_eq!(keys.len(), 1, "the check reached the TLS server");
+
+    // Without our CA the server's certificate is not trusted.
+    let untrusted = RedisStore::connect(&RedisConfig::new(&url)).await;
+    assert!(
+        untrusted.is_err(),
+        "connected to a server signed by an unknown CA"
     );
 }

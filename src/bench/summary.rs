@@ -184,12 +184,13 @@ impl fmt::Display for Summary {
             let by_name: Vec<String> = r
                 .commands_per_check_by_name
                 .iter()
-                .map(|(name, v)| format!("{name} {v:.2}"))
+                .map(|(name, v)| format!("{name} {v:.3}"))
                 .collect();
             writeln!(
                 f,
                 "redis      {} commands/check ({}), {} µs CPU/check",
-                ratio(r.commands_per_check),
+                r.commands_per_check
+                    .map_or_else(|| "-".to_owned(), |v| format!("{v:.3}")),
                 by_name.join(", "),
                 ratio(r.cpu_us_per_check)
             )?;

@@ -15,6 +15,305 @@
 //!   its `rate_limit.name`, for the native API's rule + key checks.
 //! - `Rule`, `Resolved { rule, counter_key }` and the enums in `model.rs`.
 
+pub mod cli;
+mod duration;
 mod model;
+mod parse;
 
+use std::fmt;
+use std::sync::Arc;
+
+pub use duration::{format_duration, parse_duration};
 pub use model::{Accuracy, FailMode, Partition, Resolved, Rule, RuleFile, Scope, Unit};
+
+/// String-keyed maps on the hot path: foldhash, not SipHash. Rule files are
+/// written by operators, not clients, so HashDoS resistance buys nothing here.
+type Map<V> = std::collections::HashMap<String, V, foldhash::fast::RandomState>;
+
+/// One problem in a rule file. Displayed as `file:line: field: reason`, the
+/// form editors and CI logs link to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleError {
+    pub file: String,
+    /// 1-based line of the offending field (or of its parent when it is missing).
+    pub line: usize,
+    /// The field at fault as written in the file (`unit`, `requests_per_unit`,
+    /// `key`, …), or `yaml` when the file is not valid YAML.
+    pub field: String,
+    pub reason: String,
+}
+
+impl fmt::Display for RuleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}: {}: {}",
+            self.file, self.line, self.field, self.reason
+        )
+    }
+}
+
+impl std::error::Error for RuleError {}
+
+/// Every error found in every file, in file order (parsing never stops at the
+/// first, so an operator fixes a file in one pass).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleErrors(pub Vec<RuleError>);
+
+impl fmt::Display for RuleErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for RuleErrors {}
+
+/// A validated set of rule files: one descriptor tree per domain.
+#[derive(Debug, Clone, Default)]
+pub struct RuleSet {
+    /// In file order; `index` finds one by name.
+    domains: Vec<Domain>,
+    index: Map<usize>,
+    /// Every rule (limited and unlimited) in file order, for the coordinator
+    /// and metrics, which iterate; lookups go through the trees.
+    rules: Vec<Arc<Rule>>,
+    files: usize,
+}
+
+/// One domain's descriptor tree and its named rules.
+#[derive(Debug, Clone)]
+struct Domain {
+    name: String,
+    file: String,
+    line: usize,
+    root: Level,
+    named: Map<Arc<Rule>>,
+}
+
+/// The descriptor nodes under one parent, grouped by key so that resolving an
+/// entry is two hash lookups (key, then exact value) before any glob is tried.
+#[derive(Debug, Clone, Default)]
+struct Level {
+    by_key: Map<KeyNodes>,
+}
+
+/// The sibling nodes sharing one key, in Envoy's precedence order.
+#[derive(Debug, Clone, Default)]
+struct KeyNodes {
+    exact: Map<TreeNode>,
+    /// In file order: the first glob that matches wins, as in envoyproxy/ratelimit.
+    globs: Vec<(Glob, TreeNode)>,
+    /// The node with a key and no value: matches any value.
+    any: Option<Box<TreeNode>>,
+}
+
+#[derive(Debug, Clone)]
+struct TreeNode {
+    /// Where the node starts (its list item), for duplicate reports.
+    line: usize,
+    /// `None`: no `rate_limit`, so a path ending here is allow-listed.
+    rule: Option<Arc<Rule>>,
+    children: Level,
+}
+
+impl RuleSet {
+    /// Parses and validates rule files. Each file holds one domain; a domain
+    /// in two files is an error. Returns every error in every file.
+    pub fn parse(files: &[RuleFile]) -> Result<RuleSet, RuleErrors> {
+        let mut errors = Vec::new();
+        let mut set = RuleSet {
+            files: files.len(),
+            ..RuleSet::default()
+        };
+        for file in files {
+            let Some(parsed) = parse::parse_file(file, &mut errors) else {
+                continue;
+            };
+            if let Some(&i) = set.index.get(&parsed.domain.name) {
+                let first = &set.domains[i];
+                errors.push(RuleError {
+                    file: file.name.clone(),
+                    line: parsed.domain.line,
+                    field: "domain".to_owned(),
+                    reason: format!(
+                        "duplicate domain {:?}: already defined at {}:{}; each domain \
+                         lives in one file",
+                        first.name, first.file, first.line
+                    ),
+                });
+                continue;
+            }
+            set.index
+                .insert(parsed.domain.name.clone(), set.domains.len());
+            set.domains.push(parsed.domain);
+            set.rules.extend(parsed.rules);
+        }
+        if errors.is_empty() {
+            Ok(set)
+        } else {
+            Err(RuleErrors(errors))
+        }
+    }
+
+    /// The rule a descriptor resolves to, with Envoy's semantics: the entries
+    /// are a path through the domain's tree, and the limit is the one on the
+    /// node the whole path ends at. At each level an exact value beats a glob
+    /// value (first in file order), which beats the key-only node.
+    ///
+    /// `None` when the domain is unknown, there are no entries, or the path
+    /// leaves the tree. Allocates only the counter key.
+    pub fn resolve<'s>(&'s self, domain: &str, entries: &[(&str, &str)]) -> Option<Resolved<'s>> {
+        let domain = &self.domains[*self.index.get(domain)?];
+        let (mut level, mut node) = (&domain.root, None);
+        for &(key, value) in entries {
+            let n = level.by_key.get(key)?.find(value)?;
+            level = &n.children;
+            node = Some(n);
+        }
+        Some(Resolved {
+            rule: node?.rule.as_ref(),
+            counter_key: counter_key(entries),
+        })
+    }
+
+    /// A rule by its `rate_limit.name` (names are unique within a domain).
+    pub fn named(&self, domain: &str, name: &str) -> Option<&Arc<Rule>> {
+        self.domains[*self.index.get(domain)?].named.get(name)
+    }
+
+    /// A rule by its id.
+    pub fn rule(&self, id: &str) -> Option<&Arc<Rule>> {
+        self.rules.iter().find(|r| r.id == id)
+    }
+
+    /// Every rule (limited or `unlimited`), in file order.
+    pub fn rules(&self) -> impl Iterator<Item = &Arc<Rule>> {
+        self.rules.iter()
+    }
+
+    /// The domains, in file order.
+    pub fn domains(&self) -> impl Iterator<Item = &str> {
+        self.domains.iter().map(|d| d.name.as_str())
+    }
+
+    /// How many files the set was parsed from.
+    pub fn file_count(&self) -> usize {
+        self.files
+    }
+}
+
+impl KeyNodes {
+    fn find(&self, value: &str) -> Option<&TreeNode> {
+        self.exact
+            .get(value)
+            .or_else(|| {
+                self.globs
+                    .iter()
+                    .find(|(g, _)| g.matches(value))
+                    .map(|(_, n)| n)
+            })
+            .or(self.any.as_deref())
+    }
+}
+
+/// A descriptor value with `*` wildcards: `*` matches any run of characters,
+/// including none. Stored split at the stars.
+#[derive(Debug, Clone)]
+struct Glob {
+    pattern: String,
+    /// At least two parts (there is at least one `*`); empty parts are fine.
+    parts: Vec<String>,
+}
+
+impl Glob {
+    /// `None` when `pattern` has no `*` (an exact value).
+    fn new(pattern: &str) -> Option<Glob> {
+        pattern.contains('*').then(|| Glob {
+            pattern: pattern.to_owned(),
+            parts: pattern.split('*').map(str::to_owned).collect(),
+        })
+    }
+
+    fn pattern(&self) -> &str {
+        &self.pattern
+    }
+
+    fn matches(&self, s: &str) -> bool {
+        let (first, rest) = match self.parts.split_first() {
+            Some(x) => x,
+            None => return false,
+        };
+        let (last, middle) = match rest.split_last() {
+            Some(x) => x,
+            None => return s == first,
+        };
+        if s.len() < first.len() + last.len() || !s.starts_with(first.as_str()) {
+            return false;
+        }
+        if !s.ends_with(last.as_str()) {
+            return false;
+        }
+        // Leftmost-first placement of each middle part is optimal for `*`-only
+        // patterns: any later placement leaves less room for the rest.
+        let mut inner = &s[first.len()..s.len() - last.len()];
+        for part in middle {
+            match inner.find(part.as_str()) {
+                Some(at) => inner = &inner[at + part.len()..],
+                None => return false,
+            }
+        }
+        true
+    }
+}
+
+/// The characters that structure counter keys and rule ids.
+const RESERVED: [char; 3] = ['%', '|', '='];
+
+/// Appends `s` with `%`, `|` and `=` percent-escaped: after escaping, `|` and
+/// `=` only ever separate, so the encoding is injective.
+fn escape_into(s: &str, out: &mut String) {
+    if !s.contains(RESERVED) {
+        out.push_str(s);
+        return;
+    }
+    for c in s.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '|' => out.push_str("%7C"),
+            '=' => out.push_str("%3D"),
+            c => out.push(c),
+        }
+    }
+}
+
+fn escaped_len(s: &str) -> usize {
+    s.len() + 2 * s.chars().filter(|c| RESERVED.contains(c)).count()
+}
+
+/// The counter key of a descriptor: `k=v|k=v…`, escaped (see [`escape_into`]),
+/// so two different entry lists never share a counter. One allocation.
+pub fn counter_key(entries: &[(&str, &str)]) -> String {
+    let len = entries
+        .iter()
+        .map(|(k, v)| escaped_len(k) + escaped_len(v) + 2)
+        .sum();
+    let mut out = String::with_capacity(len);
+    for (i, (k, v)) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push('|');
+        }
+        escape_into(k, &mut out);
+        out.push('=');
+        escape_into(v, &mut out);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

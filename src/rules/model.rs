@@ -116,3 +116,98 @@ pub struct Resolved<'a> {
     /// so that different entry lists never produce the same key.
     pub counter_key: String,
 }
+
+impl Unit {
+    /// The standard units, in the order error messages list them.
+    pub const STANDARD: [Unit; 7] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ];
+
+    /// How long one unit lasts (month = 30 days, year = 365 days, as in Envoy).
+    pub fn duration(self) -> Duration {
+        const DAY: u64 = 86_400;
+        Duration::from_secs(match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => DAY,
+            Unit::Week => 7 * DAY,
+            Unit::Month => 30 * DAY,
+            Unit::Year => 365 * DAY,
+            Unit::Custom(d) => return d,
+        })
+    }
+
+    /// The Envoy RLS v3 spelling (`SECOND` … `YEAR`), `CUSTOM` for a `period:`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Second => "SECOND",
+            Unit::Minute => "MINUTE",
+            Unit::Hour => "HOUR",
+            Unit::Day => "DAY",
+            Unit::Week => "WEEK",
+            Unit::Month => "MONTH",
+            Unit::Year => "YEAR",
+            Unit::Custom(_) => "CUSTOM",
+        }
+    }
+
+    /// A standard unit by name, case-insensitive (`second`, `MINUTE`, …).
+    pub fn from_name(name: &str) -> Option<Unit> {
+        Unit::STANDARD
+            .into_iter()
+            .find(|u| u.name().eq_ignore_ascii_case(name))
+    }
+
+    /// The standard unit lasting exactly `period`, else `Custom(period)`, so
+    /// `period: 1m` and `unit: minute` are the same rule.
+    pub fn from_period(period: Duration) -> Unit {
+        Unit::STANDARD
+            .into_iter()
+            .find(|u| u.duration() == period)
+            .unwrap_or(Unit::Custom(period))
+    }
+}
+
+impl FailMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            FailMode::Open => "open",
+            FailMode::Closed => "closed",
+            FailMode::Local => "local",
+        }
+    }
+}
+
+impl Scope {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scope::Region => "region",
+            Scope::Global => "global",
+        }
+    }
+}
+
+impl Partition {
+    pub fn name(self) -> &'static str {
+        match self {
+            Partition::Strict => "strict",
+            Partition::Available => "available",
+        }
+    }
+}
+
+impl Accuracy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Accuracy::Exact => "exact",
+            Accuracy::Approximate { .. } => "approximate",
+        }
+    }
+}

@@ -100,6 +100,22 @@ impl MemoryStore {
         if let Some(denied) = precheck(&limit.params, cost)? {
             return Ok(denied);
         }
+        self.decide_at(limit, key, cost, now)
+    }
+
+    /// [`Store::peek`], synchronously.
+    pub fn peek_at(&self, limit: &Limit, key: &str, now: Micros) -> Result<Decision, InvalidInput> {
+        self.decide_at(limit, key, 0, now)
+    }
+
+    /// Every algorithm reads a cost of 0 as "decide without consuming".
+    fn decide_at(
+        &self,
+        limit: &Limit,
+        key: &str,
+        cost: u64,
+        now: Micros,
+    ) -> Result<Decision, InvalidInput> {
         let algorithm = limit.params.algorithm();
         KEY_BUFFER.with_borrow_mut(|state_key| {
             state_key.clear();
@@ -166,6 +182,15 @@ impl Store for MemoryStore {
         now: Option<Micros>,
     ) -> Result<Decision, StoreError> {
         Ok(self.check_at(limit, key, cost, now.unwrap_or_else(system_now))?)
+    }
+
+    async fn peek(
+        &self,
+        limit: &Limit,
+        key: &str,
+        now: Option<Micros>,
+    ) -> Result<Decision, StoreError> {
+        Ok(self.peek_at(limit, key, now.unwrap_or_else(system_now))?)
     }
 }
 

@@ -38,6 +38,16 @@ pub trait Store: Send + Sync {
         cost: u64,
         now: Option<Micros>,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+
+    /// Decides without consuming (Envoy's `hits_addend: 0`): allowed unless
+    /// the key is already over its limit — which happens only when the limit
+    /// shrank under it — with `remaining` telling how many more hits fit.
+    fn peek(
+        &self,
+        limit: &Limit,
+        key: &str,
+        now: Option<Micros>,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
 }
 
 /// Why a store could not decide.
@@ -68,4 +78,47 @@ pub fn system_now() -> Micros {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as Micros)
+}
+
+/// The store a limiter runs on, chosen at start-up (`--redis` or `--store memory`).
+pub enum AnyStore {
+    Memory(MemoryStore),
+    Redis(Box<RedisStore>),
+}
+
+impl AnyStore {
+    /// Whether the store answers (readiness).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(_) => Ok(()),
+            AnyStore::Redis(s) => s.ping().await,
+        }
+    }
+}
+
+impl Store for AnyStore {
+    async fn check(
+        &self,
+        limit: &Limit,
+        key: &str,
+        cost: u64,
+        now: Option<Micros>,
+    ) -> Result<Decision, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.check(limit, key, cost, now).await,
+            AnyStore::Redis(s) => s.check(limit, key, cost, now).await,
+        }
+    }
+
+    async fn peek(
+        &self,
+        limit: &Limit,
+        key: &str,
+        now: Option<Micros>,
+    ) -> Result<Decision, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.peek(limit, key, now).await,
+            AnyStore::Redis(s) => s.peek(limit, key, now).await,
+        }
+    }
 }

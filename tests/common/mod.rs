@@ -19,13 +19,24 @@ const INSTALL_HINT: &str = "Meridian's tests start their own redis-server proces
      brings redis-cli), or run the README's test command, which installs it.";
 
 fn require(binary: &str) {
+    let probe = if binary == "openssl" {
+        "version"
+    } else {
+        "--version"
+    };
+    let hint = if binary == "openssl" {
+        "The TLS tests make their certificates with it: `sudo apt-get install -y openssl`, \
+         or run the README's test command, which installs it."
+    } else {
+        INSTALL_HINT
+    };
     let found = Command::new(binary)
-        .arg("--version")
+        .arg(probe)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    assert!(found, "`{binary}` not found on PATH. {INSTALL_HINT}");
+    assert!(found, "`{binary}` not found on PATH. {hint}");
 }
 
 /// Ports are handed out from a range per test process (offset by pid) and
@@ -124,6 +135,28 @@ impl RedisServer {
         signal(self.child.id(), "-CONT");
     }
 
+    /// Starts a fresh server on the port this one used (after `kill`), so clients
+    /// configured with the old address find Redis again.
+    pub fn restart(&mut self) {
+        self.kill();
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(self.dir.path().join("redis.log"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("respawn redis-server");
+        self.child = child;
+        assert!(
+            self.wait_ready(Duration::from_secs(10)),
+            "redis-server did not restart"
+        );
+    }
+
     /// kill -9, as a crash would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -140,6 +173,78 @@ impl Drop for RedisServer {
 
 fn signal(pid: u32, sig: &str) {
     let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
+}
+
+/// A CA and a server certificate for 127.0.0.1/localhost, made with openssl
+/// in `dir`: returns (ca.pem, server.pem, server.key).
+pub fn make_tls_certs(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    require("openssl");
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("run openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=meridian-test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=localhost",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]);
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .expect("san");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "server.pem",
+    ]);
+    (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    )
 }
 
 /// Sends PING over a raw socket, so readiness does not depend on any client.
@@ -235,3 +340,5 @@ impl RedisCluster {
             .collect()
     }
 }
+
+pub mod limiter;

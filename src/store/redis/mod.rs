@@ -36,14 +36,18 @@ pub fn script_source(algorithm: Algorithm) -> &'static str {
 /// How to reach Redis.
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
-    /// `redis://[user:pass@]host:port[/db]` for one server. Several URLs, or one
-    /// `redis+cluster://host:port[,host:port…]`, mean a Redis Cluster (seed nodes).
+    /// `redis://[user:pass@]host:port[/db]` (`rediss://` for TLS) for one server.
+    /// Several URLs, or one `redis+cluster://host:port[,host:port…]`
+    /// (`rediss+cluster://` for TLS), mean a Redis Cluster (seed nodes).
     pub urls: Vec<String>,
     /// Longest a single check may take before it fails with `Timeout` (and the
     /// rule's fail mode decides). Checks take well under a millisecond normally.
     pub deadline: Duration,
     /// Longest connecting (and each reconnect attempt) may take.
     pub connect_timeout: Duration,
+    /// PEM CA certificate(s) to verify `rediss://` servers with, instead of the
+    /// system's trust store (private CAs are the norm for Redis).
+    pub ca_cert: Option<Vec<u8>>,
 }
 
 impl RedisConfig {
@@ -52,6 +56,7 @@ impl RedisConfig {
             urls: vec![url.into()],
             deadline: Duration::from_millis(100),
             connect_timeout: Duration::from_secs(2),
+            ca_cert: None,
         }
     }
 }
@@ -72,19 +77,28 @@ enum Connection {
 
 impl RedisStore {
     pub async fn connect(config: &RedisConfig) -> Result<RedisStore, StoreError> {
+        // rediss:// needs a rustls crypto provider; the first store installs ring's
+        // (an error only means one is installed already).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let nodes = cluster_nodes(&config.urls);
         let connecting = async {
             match nodes {
                 Some(nodes) => {
-                    let client = ClusterClient::builder(nodes)
+                    let mut builder = ClusterClient::builder(nodes)
                         .connection_timeout(config.connect_timeout)
-                        .response_timeout(config.deadline)
-                        .build()?;
+                        .response_timeout(config.deadline);
+                    if let Some(ca) = &config.ca_cert {
+                        builder = builder.certs(certificates(ca));
+                    }
+                    let client = builder.build()?;
                     Ok(Connection::Cluster(client.get_async_connection().await?))
                 }
                 None => {
                     let url = config.urls.first().map(String::as_str).unwrap_or_default();
-                    let client = redis::Client::open(url)?;
+                    let client = match &config.ca_cert {
+                        Some(ca) => redis::Client::build_with_tls(url, certificates(ca))?,
+                        None => redis::Client::open(url)?,
+                    };
                     let manager = ConnectionManagerConfig::new()
                         .set_connection_timeout(Some(config.connect_timeout))
                         .set_response_timeout(Some(config.deadline))
@@ -107,6 +121,22 @@ impl RedisStore {
         })
     }
 
+    /// PING within the deadline.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let ping = redis::cmd("PING");
+        let call = async {
+            match self.connection.clone() {
+                Connection::Standalone(mut c) => ping.query_async::<String>(&mut c).await,
+                Connection::Cluster(mut c) => ping.query_async::<String>(&mut c).await,
+            }
+        };
+        tokio::time::timeout(self.deadline, call)
+            .await
+            .map_err(|_| StoreError::Timeout(self.deadline))?
+            .map_err(|e| classify(e, self.deadline))?;
+        Ok(())
+    }
+
     fn script(&self, algorithm: Algorithm) -> &Script {
         &self.scripts[algorithm as usize]
     }
@@ -120,10 +150,32 @@ impl Store for RedisStore {
         cost: u64,
         now: Option<Micros>,
     ) -> Result<Decision, StoreError> {
-        let params = &limit.params;
-        if let Some(denied) = precheck(params, cost)? {
+        if let Some(denied) = precheck(&limit.params, cost)? {
             return Ok(denied);
         }
+        self.run_script(limit, key, cost, now).await
+    }
+
+    async fn peek(
+        &self,
+        limit: &Limit,
+        key: &str,
+        now: Option<Micros>,
+    ) -> Result<Decision, StoreError> {
+        self.run_script(limit, key, 0, now).await
+    }
+}
+
+impl RedisStore {
+    /// Runs the algorithm's script; a cost of 0 decides without consuming.
+    async fn run_script(
+        &self,
+        limit: &Limit,
+        key: &str,
+        cost: u64,
+        now: Option<Micros>,
+    ) -> Result<Decision, StoreError> {
+        let params = &limit.params;
         let prefix = key::key_prefix(&limit.rule, key)?;
         let scale = params.scale();
         let mut invocation = self.script(params.algorithm()).key(prefix);
@@ -151,13 +203,24 @@ impl Store for RedisStore {
     }
 }
 
+fn certificates(ca: &[u8]) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(ca.to_vec()),
+    }
+}
+
 /// `Some(seed nodes)` when the URLs describe a Cluster.
 fn cluster_nodes(urls: &[String]) -> Option<Vec<String>> {
     if let [url] = urls {
-        let rest = url.strip_prefix("redis+cluster://")?;
+        let (scheme, rest) = if let Some(rest) = url.strip_prefix("redis+cluster://") {
+            ("redis", rest)
+        } else {
+            ("rediss", url.strip_prefix("rediss+cluster://")?)
+        };
         return Some(
             rest.split(',')
-                .map(|node| format!("redis://{}", node.trim()))
+                .map(|node| format!("{scheme}://{}", node.trim()))
                 .collect(),
         );
     }

@@ -10,10 +10,13 @@ local elapsed = math.floor((now - start) / tick_us)
 local count = cur + math.floor(prev * (ticks - elapsed) / ticks)
 local allowed, retry = 0, 0
 if count + cost <= limit then
-  cur = redis.call('INCRBY', cur_key, int(cost))
-  -- Read as "previous" through the next window, so keep it until that ends.
-  if cur == cost then
-    expire(cur_key, start + 2 * period - now)
+  -- cost 0 is a check-only peek: nothing to write.
+  if cost > 0 then
+    cur = redis.call('INCRBY', cur_key, int(cost))
+    -- Read as "previous" through the next window, so keep it until that ends.
+    if cur == cost then
+      expire(cur_key, start + 2 * period - now)
+    end
   end
   allowed = 1
 else

@@ -5,7 +5,10 @@ local seq_key = prefix .. ':sl:seq'
 redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - period))
 local count = redis.call('ZCARD', key)
 local allowed, retry = 0, 0
-if count + cost <= limit then
+if count + cost <= limit and cost == 0 then
+  -- A check-only peek: nothing to write.
+  allowed = 1
+elseif count + cost <= limit then
   local last = redis.call('INCRBY', seq_key, int(cost))
   local first = last - cost + 1
   -- ZADD in chunks: unpack() of a large cost would overflow Lua's C stack.
@@ -33,7 +36,7 @@ local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
 if newest[2] then
   reset = math.max(0, tonumber(newest[2]) + period - now)
 end
-if allowed == 1 then
+if allowed == 1 and cost > 0 then
   expire(key, reset)
   expire(seq_key, reset)
 end

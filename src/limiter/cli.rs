@@ -1,0 +1,205 @@
+//! `meridian limiter`: the regional limiter service.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use super::engine::{Engine, EngineConfig};
+use super::grpc::{NativeService, RlsService};
+use super::http::{self, HttpState};
+use super::rule_source::RuleSource;
+use super::service::Limiter;
+use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use crate::proto::meridian::v1::limiter_server::LimiterServer;
+use crate::store::{AnyStore, MemoryStore, RedisConfig, RedisStore};
+
+/// Serve rate limit checks for one region: Envoy RLS v3 and Meridian's native
+/// API on the gRPC address, JSON checks, metrics and health on the HTTP one.
+#[derive(Debug, Args)]
+pub struct LimiterArgs {
+    /// Rule file(s) in envoyproxy/ratelimit's YAML format plus Meridian's fields.
+    /// Watched: a valid edit applies within --reload-interval, a broken one is
+    /// rejected and logged while the last good rules stay in force.
+    #[arg(long = "config", required = true, value_name = "RULES.yaml")]
+    pub config: Vec<PathBuf>,
+
+    /// Redis for this region: redis://[user:pass@]host:port[/db], or rediss:// for
+    /// TLS. Repeat it, or use redis+cluster://h1:p1,h2:p2, for a Redis Cluster.
+    #[arg(long = "redis", value_name = "URL")]
+    pub redis: Vec<String>,
+
+    /// PEM file with the CA that signed the Redis servers' TLS certificates
+    /// (for rediss:// URLs; default: the system's trust store).
+    #[arg(long, value_name = "FILE")]
+    pub redis_ca: Option<PathBuf>,
+
+    /// Where counters live: redis (needs --redis) or memory (embedded, this pod only).
+    #[arg(long, value_enum, default_value_t = StoreKind::Redis)]
+    pub store: StoreKind,
+
+    /// This region's name (reported in logs and metrics).
+    #[arg(long, default_value = "local")]
+    pub region: String,
+
+    /// gRPC listener (Envoy RLS v3 and meridian.v1.Limiter). Port 0 picks a free port.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    pub grpc_addr: SocketAddr,
+
+    /// HTTP listener (POST /v1/check, /metrics, /healthz, /readyz). Port 0 picks a free port.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub http_addr: SocketAddr,
+
+    /// Longest a Redis call may take before the rule's fail mode decides.
+    #[arg(long, default_value = "20ms", value_parser = parse_duration)]
+    pub redis_deadline: Duration,
+
+    /// Limiter pods in this region: fail_mode: local enforces limit ÷ pods.
+    #[arg(long, default_value_t = 1)]
+    pub pods_in_region: u64,
+
+    /// Add RateLimit-Limit/-Remaining/-Reset to Envoy RLS responses.
+    #[arg(long)]
+    pub response_headers: bool,
+
+    /// How often rule files are checked for changes.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub reload_interval: Duration,
+
+    /// Keys the local over-limit cache holds at most.
+    #[arg(long, default_value_t = 100_000)]
+    pub cache_capacity: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StoreKind {
+    Redis,
+    Memory,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    crate::rules::parse_duration(s)
+}
+
+pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
+    let metrics = crate::telemetry::metrics();
+    let rules = Arc::new(RuleSource::from_files(args.config.clone())?);
+    let store = match args.store {
+        StoreKind::Memory => AnyStore::Memory(MemoryStore::new()),
+        StoreKind::Redis => {
+            anyhow::ensure!(
+                !args.redis.is_empty(),
+                "--redis URL is required with --store redis (or use --store memory)"
+            );
+            let mut config = RedisConfig::new(args.redis[0].clone());
+            config.urls = args.redis.clone();
+            config.deadline = args.redis_deadline;
+            if let Some(ca) = &args.redis_ca {
+                config.ca_cert = Some(
+                    std::fs::read(ca)
+                        .with_context(|| format!("reading --redis-ca {}", ca.display()))?,
+                );
+            }
+            let store = RedisStore::connect(&config)
+                .await
+                .with_context(|| format!("connecting to Redis at {}", args.redis.join(",")))?;
+            AnyStore::Redis(Box::new(store))
+        }
+    };
+    let engine = Engine::new(
+        store,
+        &EngineConfig {
+            pods_in_region: args.pods_in_region,
+            cache_capacity: args.cache_capacity,
+            ..EngineConfig::default()
+        },
+    );
+    let limiter = Arc::new(Limiter {
+        engine,
+        rules: rules.clone(),
+    });
+
+    let grpc = TcpListener::bind(args.grpc_addr)
+        .await
+        .with_context(|| format!("binding gRPC on {}", args.grpc_addr))?;
+    let http_listener = TcpListener::bind(args.http_addr)
+        .await
+        .with_context(|| format!("binding HTTP on {}", args.http_addr))?;
+    let (grpc_addr, http_addr) = (grpc.local_addr()?, http_listener.local_addr()?);
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+
+    let watcher = {
+        let limiter = limiter.clone();
+        tokio::spawn(rules.clone().watch(args.reload_interval, move || {
+            limiter.engine.rules_changed();
+        }))
+    };
+    let grpc_server = tonic::transport::Server::builder()
+        .add_service(RateLimitServiceServer::new(RlsService {
+            limiter: limiter.clone(),
+            response_headers: args.response_headers,
+        }))
+        .add_service(LimiterServer::new(NativeService {
+            limiter: limiter.clone(),
+        }))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped(stop_rx.clone()));
+    let http_server = axum::serve(
+        http_listener,
+        http::router(HttpState {
+            limiter: limiter.clone(),
+            metrics,
+        }),
+    )
+    .with_graceful_shutdown(stopped(stop_rx.clone()));
+
+    // Tests and scripts read this line to learn the ports.
+    println!(
+        "meridian limiter: region={} store={:?} grpc={grpc_addr} http={http_addr}",
+        args.region, args.store
+    );
+    tracing::info!(region = %args.region, %grpc_addr, %http_addr, "limiter serving");
+
+    let signals = tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: draining in-flight requests");
+        let _ = stop_tx.send(true);
+    });
+    let (grpc_result, http_result) = tokio::join!(grpc_server, http_server);
+    watcher.abort();
+    signals.abort();
+    grpc_result.context("gRPC server")?;
+    http_result.context("HTTP server")?;
+    Ok(())
+}
+
+/// SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

@@ -1,0 +1,322 @@
+//! The regional hot path, top to bottom in [`Engine::check`]:
+//! unlimited? → local over-limit cache → circuit breaker → store (with its
+//! deadline) → fail mode on store failure → shadow mode → verdict.
+//!
+//! Matching a request to rules happens before (in the API layers, through
+//! `RuleSet::resolve`); the engine decides one (rule, counter key, cost).
+
+use std::time::{Duration, Instant};
+
+use metrics::{counter, gauge, histogram};
+
+use super::breaker::Breaker;
+use super::cache::OverLimitCache;
+use crate::algorithm::{Decision, DenyReason, InvalidInput, Params};
+use crate::rules::{FailMode, Rule};
+use crate::store::{AnyStore, Limit, MemoryStore, Store, StoreError};
+
+/// How a verdict was reached; reported to clients and counted in metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Store,
+    /// Denied from the local over-limit cache, without a store call.
+    Cache,
+    /// The rule is `unlimited`.
+    Unlimited,
+    /// Store failed (or breaker open): allowed by `fail_mode: open`.
+    FailOpen,
+    /// Store failed: denied by `fail_mode: closed`.
+    FailClosed,
+    /// Store failed: decided in memory at limit ÷ pods by `fail_mode: local`.
+    FailLocal,
+}
+
+/// The engine's answer for one check.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    /// What the caller is told (a shadow rule's denial is already turned into an allow).
+    pub decision: Decision,
+    pub source: Source,
+    /// The rule is in shadow mode and would have denied.
+    pub shadow_denied: bool,
+}
+
+impl Verdict {
+    /// A short machine-readable reason: `over_limit`, `cost_exceeds_capacity`,
+    /// `cached_over_limit`, `fail_open`, `fail_closed`, `fail_local`, or empty.
+    pub fn reason(&self) -> &'static str {
+        match self.source {
+            Source::FailOpen => "fail_open",
+            Source::FailClosed => "fail_closed",
+            Source::FailLocal => "fail_local",
+            Source::Cache => "cached_over_limit",
+            Source::Store | Source::Unlimited => match self.decision.reason {
+                Some(DenyReason::OverLimit) => "over_limit",
+                Some(DenyReason::CostExceedsCapacity { .. }) => "cost_exceeds_capacity",
+                None if self.shadow_denied => "over_limit",
+                None => "",
+            },
+        }
+    }
+}
+
+/// Engine settings; defaults in [`EngineConfig::default`].
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Limiter pods in this region: `fail_mode: local` enforces limit ÷ pods.
+    pub pods_in_region: u64,
+    /// Entries the over-limit cache holds at most.
+    pub cache_capacity: usize,
+    /// Consecutive store failures that open the circuit breaker.
+    pub breaker_threshold: u32,
+    /// How long an open breaker waits before letting a probe through.
+    pub breaker_cool_down: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            pods_in_region: 1,
+            cache_capacity: 100_000,
+            breaker_threshold: 5,
+            breaker_cool_down: Duration::from_secs(1),
+        }
+    }
+}
+
+pub struct Engine {
+    store: AnyStore,
+    /// Backs `fail_mode: local`; also counts nothing else.
+    local: MemoryStore,
+    cache: OverLimitCache,
+    breaker: Breaker,
+    pods_in_region: u64,
+}
+
+/// One check for the engine: a matched rule, the counter within it, and the
+/// hits to consume (0 = check only). `limit` overrides the rule's requests per
+/// unit (Envoy's per-descriptor `limit`).
+#[derive(Debug, Clone, Copy)]
+pub struct Check<'a> {
+    pub rule: &'a Rule,
+    pub counter_key: &'a str,
+    pub cost: u64,
+    pub limit: Option<&'a Params>,
+}
+
+impl Engine {
+    pub fn new(store: AnyStore, config: &EngineConfig) -> Engine {
+        Engine {
+            store,
+            local: MemoryStore::new(),
+            cache: OverLimitCache::new(config.cache_capacity),
+            breaker: Breaker::new(config.breaker_threshold, config.breaker_cool_down),
+            pods_in_region: config.pods_in_region.max(1),
+        }
+    }
+
+    pub fn store(&self) -> &AnyStore {
+        &self.store
+    }
+
+    /// Publishes the engine's state gauges (called when /metrics is scraped).
+    pub fn report_gauges(&self) {
+        gauge!("meridian_store_breaker_open").set(if self.breaker.is_open() { 1.0 } else { 0.0 });
+        gauge!("meridian_over_limit_cache_entries").set(self.cache.len() as f64);
+    }
+
+    /// Rules changed: cached denials may no longer hold.
+    pub fn rules_changed(&self) {
+        self.cache.clear();
+    }
+
+    pub async fn check(&self, check: Check<'_>) -> Result<Verdict, InvalidInput> {
+        let started = Instant::now();
+        let rule = check.rule;
+        let Some(params) = check.limit.or(rule.params.as_ref()) else {
+            return Ok(Verdict {
+                decision: unlimited(),
+                source: Source::Unlimited,
+                shadow_denied: false,
+            });
+        };
+        let limit = Limit {
+            rule: rule.id.clone(),
+            params: params.clone(),
+        };
+        let cache_key = [rule.id.as_str(), "\u{0}", check.counter_key].concat();
+
+        let (decision, source) = if let Some(until) = self.cache.denied_until(&cache_key, started) {
+            (cached_denial(params, until - started), Source::Cache)
+        } else {
+            match self.call_store(&limit, check.counter_key, check.cost).await {
+                Ok(decision) => {
+                    if !decision.allowed && check.cost == 1 && decision.retry_after_us > 0 {
+                        let until = started + decision.retry_after();
+                        self.cache.deny_until(&cache_key, until, started);
+                    }
+                    (decision, Source::Store)
+                }
+                Err(StoreError::InvalidInput(e)) => return Err(e),
+                Err(e) => {
+                    counter!("meridian_store_errors_total", "rule" => rule.id.clone(), "kind" => error_kind(&e))
+                        .increment(1);
+                    tracing::debug!(rule = %rule.id, error = %e, "store failed; using the fail mode");
+                    self.fail_mode(rule, &limit, check.counter_key, check.cost)?
+                }
+            }
+        };
+
+        let verdict = shadow(rule, decision, source);
+        record(rule, &verdict, started.elapsed());
+        Ok(verdict)
+    }
+
+    /// The store call behind the circuit breaker. Store errors other than bad
+    /// input count as failures.
+    async fn call_store(
+        &self,
+        limit: &Limit,
+        key: &str,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        let now = Instant::now();
+        if !self.breaker.allow(now) {
+            return Err(StoreError::Timeout(Duration::ZERO));
+        }
+        let result = if cost == 0 {
+            self.store.peek(limit, key, None).await
+        } else {
+            self.store.check(limit, key, cost, None).await
+        };
+        histogram!("meridian_store_duration_seconds").record(now.elapsed().as_secs_f64());
+        match &result {
+            Ok(_) => self.breaker.succeeded(),
+            Err(StoreError::InvalidInput(_)) => {}
+            Err(_) => self.breaker.failed(Instant::now()),
+        }
+        result
+    }
+
+    fn fail_mode(
+        &self,
+        rule: &Rule,
+        limit: &Limit,
+        key: &str,
+        cost: u64,
+    ) -> Result<(Decision, Source), InvalidInput> {
+        let params = &limit.params;
+        Ok(match rule.fail_mode {
+            FailMode::Open => (fail_decision(params, true), Source::FailOpen),
+            FailMode::Closed => (fail_decision(params, false), Source::FailClosed),
+            FailMode::Local => {
+                let local = Limit {
+                    rule: limit.rule.clone(),
+                    params: per_pod(params, self.pods_in_region)?,
+                };
+                let now = crate::store::system_now();
+                let decision = if cost == 0 {
+                    self.local.peek_at(&local, key, now)?
+                } else {
+                    self.local.check_at(&local, key, cost, now)?
+                };
+                (decision, Source::FailLocal)
+            }
+        })
+    }
+}
+
+/// This pod's share when each pod of the region limits on its own.
+fn per_pod(params: &Params, pods: u64) -> Result<Params, InvalidInput> {
+    let share = |n: u64| ((n / pods).max(1)) as i64;
+    Params::new(
+        params.algorithm(),
+        share(params.limit()),
+        params.period(),
+        params
+            .algorithm()
+            .has_burst()
+            .then(|| share(params.burst())),
+    )
+}
+
+fn shadow(rule: &Rule, mut decision: Decision, source: Source) -> Verdict {
+    let shadow_denied = rule.shadow_mode && !decision.allowed;
+    if shadow_denied {
+        tracing::info!(rule = %rule.id, "shadow mode: would have denied");
+        decision.allowed = true;
+        decision.reason = None;
+        decision.retry_after_us = 0;
+    }
+    Verdict {
+        decision,
+        source,
+        shadow_denied,
+    }
+}
+
+fn record(rule: &Rule, verdict: &Verdict, took: Duration) {
+    let outcome = match (verdict.decision.allowed, verdict.shadow_denied) {
+        (_, true) => "shadow_denied",
+        (true, false) => "allowed",
+        (false, false) => "denied",
+    };
+    counter!("meridian_checks_total", "rule" => rule.id.clone(), "outcome" => outcome).increment(1);
+    if matches!(
+        verdict.source,
+        Source::FailOpen | Source::FailClosed | Source::FailLocal
+    ) {
+        counter!("meridian_fail_mode_decisions_total", "rule" => rule.id.clone(), "mode" => verdict.reason())
+            .increment(1);
+    }
+    histogram!("meridian_check_duration_seconds", "rule" => rule.id.clone())
+        .record(took.as_secs_f64());
+}
+
+fn error_kind(e: &StoreError) -> &'static str {
+    match e {
+        StoreError::Timeout(_) => "timeout",
+        StoreError::Connection(_) => "connection",
+        StoreError::Server(_) => "server",
+        StoreError::Reply(_) => "reply",
+        StoreError::InvalidInput(_) => "invalid_input",
+    }
+}
+
+fn unlimited() -> Decision {
+    Decision {
+        allowed: true,
+        limit: 0,
+        remaining: 0,
+        reset_after_us: 0,
+        retry_after_us: 0,
+        delay_us: 0,
+        reason: None,
+    }
+}
+
+fn cached_denial(params: &Params, left: Duration) -> Decision {
+    let left = left.as_micros() as u64;
+    Decision {
+        allowed: false,
+        limit: params.limit(),
+        remaining: 0,
+        reset_after_us: left,
+        retry_after_us: left,
+        delay_us: left,
+        reason: Some(DenyReason::OverLimit),
+    }
+}
+
+/// A decision made without the store: nothing is known about the counter.
+fn fail_decision(params: &Params, allowed: bool) -> Decision {
+    Decision {
+        allowed,
+        limit: params.limit(),
+        remaining: 0,
+        reset_after_us: 0,
+        retry_after_us: 0,
+        delay_us: 0,
+        reason: (!allowed).then_some(DenyReason::OverLimit),
+    }
+}

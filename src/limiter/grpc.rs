@@ -1,0 +1,221 @@
+//! gRPC transports: Envoy's `RateLimitService/ShouldRateLimit` (wire
+//! compatible with Envoy, Istio, Gloo…) and Meridian's `Limiter/Check`.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use super::service::{Descriptor, Limiter, NativeCheck, Outcome};
+use crate::algorithm::InvalidInput;
+use crate::proto::envoy::config::core::v3::HeaderValue;
+use crate::proto::envoy::service::ratelimit::v3 as rls;
+use crate::proto::envoy::r#type::v3::RateLimitUnit;
+use crate::proto::meridian::v1 as native;
+use crate::rules::Unit;
+use rls::rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit as RlsUnit};
+
+/// Envoy's RLS v3 on top of the shared [`Limiter`].
+pub struct RlsService {
+    pub limiter: Arc<Limiter>,
+    /// Add RateLimit-Limit/-Remaining/-Reset to `response_headers_to_add`.
+    pub response_headers: bool,
+}
+
+#[tonic::async_trait]
+impl rls::rate_limit_service_server::RateLimitService for RlsService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<rls::RateLimitRequest>,
+    ) -> Result<Response<rls::RateLimitResponse>, Status> {
+        let req = request.into_inner();
+        let descriptors = req
+            .descriptors
+            .iter()
+            .map(|d| Descriptor {
+                entries: d
+                    .entries
+                    .iter()
+                    .map(|e| (e.key.clone(), e.value.clone()))
+                    .collect(),
+                limit: d.limit.as_ref().and_then(|l| {
+                    let unit = RateLimitUnit::try_from(l.unit)
+                        .ok()
+                        .and_then(unit_from_envoy)?;
+                    Some((l.requests_per_unit, unit))
+                }),
+                hits: d.hits_addend,
+            })
+            .collect::<Vec<_>>();
+        let outcomes = self
+            .limiter
+            .rate_limit(&req.domain, &descriptors, req.hits_addend)
+            .await
+            .map_err(invalid_argument)?;
+
+        let statuses: Vec<DescriptorStatus> = outcomes.iter().map(status).collect();
+        let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
+        let response_headers_to_add = if self.response_headers {
+            headers(&outcomes)
+        } else {
+            Vec::new()
+        };
+        Ok(Response::new(rls::RateLimitResponse {
+            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+            statuses,
+            response_headers_to_add,
+            ..Default::default()
+        }))
+    }
+}
+
+fn status(outcome: &Option<Outcome>) -> DescriptorStatus {
+    let Some(Outcome { rule, verdict }) = outcome else {
+        return DescriptorStatus {
+            code: Code::Ok as i32,
+            ..Default::default()
+        };
+    };
+    if rule.unlimited {
+        return DescriptorStatus {
+            code: Code::Ok as i32,
+            ..Default::default()
+        };
+    }
+    let d = &verdict.decision;
+    DescriptorStatus {
+        code: if d.allowed { Code::Ok } else { Code::OverLimit } as i32,
+        current_limit: Some(RateLimit {
+            name: rule.name.clone().unwrap_or_default(),
+            requests_per_unit: u32::try_from(d.limit).unwrap_or(u32::MAX),
+            unit: unit_to_envoy(rule.unit) as i32,
+        }),
+        limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
+        duration_until_reset: Some(prost_types::Duration {
+            seconds: (d.reset_after_us / 1_000_000) as i64,
+            nanos: ((d.reset_after_us % 1_000_000) * 1_000) as i32,
+        }),
+        quota: None,
+    }
+}
+
+/// RateLimit-* headers (IETF draft, as envoyproxy/ratelimit sends them) for the
+/// most restrictive limited descriptor.
+fn headers(outcomes: &[Option<Outcome>]) -> Vec<HeaderValue> {
+    let tightest = outcomes
+        .iter()
+        .flatten()
+        .filter(|o| !o.rule.unlimited)
+        .min_by_key(|o| (o.verdict.decision.allowed, o.verdict.decision.remaining));
+    let Some(o) = tightest else {
+        return Vec::new();
+    };
+    let d = &o.verdict.decision;
+    let header = |key: &str, value: u64| HeaderValue {
+        key: key.into(),
+        value: value.to_string(),
+        raw_value: Vec::new(),
+    };
+    vec![
+        header("RateLimit-Limit", d.limit),
+        header("RateLimit-Remaining", d.remaining),
+        header("RateLimit-Reset", d.reset_after_us.div_ceil(1_000_000)),
+    ]
+}
+
+fn unit_from_envoy(unit: RateLimitUnit) -> Option<Unit> {
+    Some(match unit {
+        RateLimitUnit::Unknown => return None,
+        RateLimitUnit::Second => Unit::Second,
+        RateLimitUnit::Minute => Unit::Minute,
+        RateLimitUnit::Hour => Unit::Hour,
+        RateLimitUnit::Day => Unit::Day,
+        RateLimitUnit::Month => Unit::Month,
+        RateLimitUnit::Year => Unit::Year,
+    })
+}
+
+/// Envoy has no unit for a custom period; it is reported as UNKNOWN (the
+/// requests-per-unit and duration-until-reset are still exact).
+fn unit_to_envoy(unit: Unit) -> RlsUnit {
+    match unit {
+        Unit::Second => RlsUnit::Second,
+        Unit::Minute => RlsUnit::Minute,
+        Unit::Hour => RlsUnit::Hour,
+        Unit::Day => RlsUnit::Day,
+        Unit::Week => RlsUnit::Week,
+        Unit::Month => RlsUnit::Month,
+        Unit::Year => RlsUnit::Year,
+        Unit::Custom(_) => RlsUnit::Unknown,
+    }
+}
+
+pub fn invalid_argument(e: InvalidInput) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+/// Meridian's native batch API.
+pub struct NativeService {
+    pub limiter: Arc<Limiter>,
+}
+
+#[tonic::async_trait]
+impl native::limiter_server::Limiter for NativeService {
+    async fn check(
+        &self,
+        request: Request<native::CheckRequest>,
+    ) -> Result<Response<native::CheckResponse>, Status> {
+        let checks: Vec<NativeCheck> = request
+            .into_inner()
+            .checks
+            .into_iter()
+            .map(|c| NativeCheck {
+                domain: c.domain,
+                rule: c.rule,
+                key: c.key,
+                descriptor: c.descriptor.into_iter().map(|e| (e.key, e.value)).collect(),
+                cost: c.cost,
+                check_only: c.check_only,
+            })
+            .collect();
+        let results = self
+            .limiter
+            .check_batch(&checks)
+            .await
+            .map_err(invalid_argument)?;
+        Ok(Response::new(native::CheckResponse {
+            decisions: results.iter().map(native_decision).collect(),
+        }))
+    }
+}
+
+/// The native decision shape, shared with the HTTP API's JSON.
+pub fn native_decision(result: &Result<Option<Outcome>, InvalidInput>) -> native::Decision {
+    match result {
+        Err(e) => native::Decision {
+            allowed: false,
+            error: e.to_string(),
+            ..Default::default()
+        },
+        Ok(None) => native::Decision {
+            allowed: true,
+            matched: false,
+            ..Default::default()
+        },
+        Ok(Some(Outcome { rule, verdict })) => {
+            let d = &verdict.decision;
+            native::Decision {
+                allowed: d.allowed,
+                matched: true,
+                limit: d.limit,
+                remaining: d.remaining,
+                reset_after_us: d.reset_after_us,
+                retry_after_us: d.retry_after_us,
+                delay_us: d.delay_us,
+                rule: rule.name.clone().unwrap_or_else(|| rule.id.clone()),
+                shadow_denied: verdict.shadow_denied,
+                reason: verdict.reason().into(),
+                error: String::new(),
+            }
+        }
+    }
+}

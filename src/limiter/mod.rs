@@ -1,0 +1,15 @@
+//! The regional limiter: the engine (hot path) and the transports around it.
+
+mod breaker;
+mod cache;
+pub mod cli;
+pub mod engine;
+pub mod grpc;
+pub mod http;
+
+pub use engine::{Check, Engine, EngineConfig, Source, Verdict};
+pub mod rule_source;
+pub mod service;
+
+pub use rule_source::RuleSource;
+pub use service::Limiter;

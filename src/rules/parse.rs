@@ -1,0 +1,836 @@
+//! Walks one rule file's YAML (with line numbers, via marked-yaml) into a
+//! domain tree, collecting every error instead of stopping at the first.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use marked_yaml::types::{MarkedMappingNode, MarkedScalarNode};
+use marked_yaml::{LoadError, LoaderOptions, Node};
+
+use super::duration::parse_duration;
+use super::{
+    Accuracy, Domain, FailMode, Glob, KeyNodes, Level, Map, Partition, Rule, RuleError, RuleFile,
+    Scope, TreeNode, Unit, escape_into,
+};
+use crate::algorithm::{Algorithm, Params};
+
+pub(super) struct ParsedFile {
+    pub domain: Domain,
+    pub rules: Vec<Arc<Rule>>,
+}
+
+const TOP_FIELDS: &[&str] = &["domain", "descriptors"];
+
+/// Envoy's descriptor fields, then Meridian's (siblings of `rate_limit`).
+const DESCRIPTOR_FIELDS: &[&str] = &[
+    "key",
+    "value",
+    "rate_limit",
+    "descriptors",
+    "shadow_mode",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "quota_mode",
+    "metadata",
+    "algorithm",
+    "burst",
+    "period",
+    "fail_mode",
+    "scope",
+    "accuracy",
+    "sync_interval",
+    "max_batch",
+    "split",
+    "partition",
+    "fallback",
+];
+
+/// Meridian's fields: they shape a limit, so they need a limited `rate_limit`.
+const LIMIT_FIELDS: &[&str] = &[
+    "algorithm",
+    "burst",
+    "period",
+    "fail_mode",
+    "scope",
+    "accuracy",
+    "sync_interval",
+    "max_batch",
+    "split",
+    "partition",
+    "fallback",
+];
+
+const RATE_LIMIT_FIELDS: &[&str] = &[
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "name",
+    "replaces",
+    "quota_mode",
+];
+
+const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_millis(50);
+const MAX_SPLIT: u32 = 1024;
+
+/// Parses one file. `None` when it has no usable domain (the errors say why);
+/// otherwise the domain, even if other errors were found, so that a domain
+/// defined twice is still reported.
+pub(super) fn parse_file(file: &RuleFile, errors: &mut Vec<RuleError>) -> Option<ParsedFile> {
+    let mut cx = Cx {
+        file: &file.name,
+        errors,
+        rules: Vec::new(),
+        named: Map::default(),
+    };
+    let options = LoaderOptions::default().error_on_duplicate_keys(true);
+    let root = match marked_yaml::parse_yaml_with_options(0, &file.text, options) {
+        Ok(root) => root,
+        Err(e) => {
+            let (line, reason) = load_error(&e);
+            cx.err(line, "yaml", reason);
+            return None;
+        }
+    };
+    let Some(top) = root.as_mapping() else {
+        cx.err(line(&root), "yaml", "the top level must be a map");
+        return None;
+    };
+    cx.check_fields(top, TOP_FIELDS, "the top level");
+    let domain = match top.get_node("domain") {
+        None => {
+            cx.err(
+                1,
+                "domain",
+                "missing: every rule file needs a non-empty domain",
+            );
+            None
+        }
+        Some(node) => match cx.string(node, "domain") {
+            Some(d) if d.is_empty() => {
+                cx.err(line(node), "domain", "must not be empty");
+                None
+            }
+            other => other.map(|d| (d, line(node))),
+        },
+    };
+    let mut root_level = Level::default();
+    let name = domain.as_ref().map_or("", |(d, _)| d.as_str());
+    let mut id = String::new();
+    escape_into(name, &mut id);
+    cx.descriptors(top.get_node("descriptors"), name, &id, &mut root_level);
+    let (name, line) = domain?;
+    Some(ParsedFile {
+        domain: Domain {
+            name,
+            file: file.name.clone(),
+            line,
+            root: root_level,
+            named: cx.named.into_iter().map(|(k, (_, r))| (k, r)).collect(),
+        },
+        rules: cx.rules,
+    })
+}
+
+fn load_error(e: &LoadError) -> (usize, String) {
+    match e {
+        LoadError::ScanError(m, se) => (m.line(), format!("not valid YAML: {}", se.info())),
+        LoadError::DuplicateKey(inner) => (
+            inner.key.span().start().map_or(1, |m| m.line()),
+            format!("field {:?} appears twice in one map", inner.key.as_str()),
+        ),
+        LoadError::TopLevelMustBeMapping(m) => (m.line(), "the top level must be a map".into()),
+        LoadError::TopLevelMustBeSequence(m) => (m.line(), "the top level must be a list".into()),
+        LoadError::UnexpectedAnchor(m) => (
+            m.line(),
+            "anchors and aliases (&name, *name) are not supported; a value starting with * \
+             must be quoted"
+                .into(),
+        ),
+        LoadError::MappingKeyMustBeScalar(m) => (m.line(), "map keys must be plain strings".into()),
+        LoadError::UnexpectedTag(m) => (m.line(), "YAML tags (!tag) are not supported".into()),
+    }
+}
+
+fn line(node: &Node) -> usize {
+    node.span().start().map_or(1, |m| m.line())
+}
+
+fn scalar_line(node: &MarkedScalarNode) -> usize {
+    node.span().start().map_or(1, |m| m.line())
+}
+
+/// A plain empty value (`field:`), `~` or `null`: YAML's null.
+fn is_null(node: &Node) -> bool {
+    matches!(node, Node::Scalar(s) if s.may_coerce() && matches!(s.as_str(), "" | "~" | "null" | "Null" | "NULL"))
+}
+
+fn kind(node: &Node) -> &'static str {
+    match node {
+        Node::Scalar(_) => "a single value",
+        Node::Mapping(_) => "a map",
+        Node::Sequence(_) => "a list",
+    }
+}
+
+/// Parsing state for one file.
+struct Cx<'a> {
+    file: &'a str,
+    errors: &'a mut Vec<RuleError>,
+    rules: Vec<Arc<Rule>>,
+    /// `rate_limit.name` → (line, rule), to reject a name used twice.
+    named: Map<(usize, Arc<Rule>)>,
+}
+
+/// The `rate_limit` map, checked field by field.
+struct RateLimitSpec {
+    line: usize,
+    unit: Option<(Unit, usize)>,
+    requests_per_unit: Option<(i64, usize)>,
+    unlimited: bool,
+    name: Option<String>,
+    replaces: Vec<String>,
+}
+
+impl Cx<'_> {
+    fn err(&mut self, line: usize, field: impl Into<String>, reason: impl Into<String>) {
+        self.errors.push(RuleError {
+            file: self.file.to_owned(),
+            line,
+            field: field.into(),
+            reason: reason.into(),
+        });
+    }
+
+    /// Reports every field of `map` not in `allowed`.
+    fn check_fields(&mut self, map: &MarkedMappingNode, allowed: &[&str], place: &str) {
+        for (k, _) in map.iter() {
+            if !allowed.contains(&k.as_str()) {
+                self.err(
+                    scalar_line(k),
+                    k.as_str(),
+                    format!(
+                        "unknown field in {place}; expected one of: {}",
+                        allowed.join(", ")
+                    ),
+                );
+            }
+        }
+    }
+
+    /// A single value (numbers and booleans are read as their text).
+    fn string(&mut self, node: &Node, field: &str) -> Option<String> {
+        match node {
+            Node::Scalar(s) => Some(s.as_str().to_owned()),
+            other => {
+                self.err(
+                    line(other),
+                    field,
+                    format!("expected a single value, found {}", kind(other)),
+                );
+                None
+            }
+        }
+    }
+
+    fn boolean(&mut self, node: &Node, field: &str) -> Option<bool> {
+        let value = node.as_scalar().and_then(MarkedScalarNode::as_bool);
+        if value.is_none() && !is_null(node) {
+            self.err(line(node), field, "expected true or false");
+        }
+        value
+    }
+
+    fn integer(&mut self, node: &Node, field: &str) -> Option<i64> {
+        let text = self.string(node, field)?;
+        match text.trim().parse::<i64>() {
+            Ok(n) => Some(n),
+            Err(_) => {
+                self.err(
+                    line(node),
+                    field,
+                    format!("expected a whole number, found {text:?}"),
+                );
+                None
+            }
+        }
+    }
+
+    fn duration(&mut self, node: &Node, field: &str) -> Option<Duration> {
+        let text = self.string(node, field)?;
+        parse_duration(&text)
+            .map_err(|reason| self.err(line(node), field, reason))
+            .ok()
+    }
+
+    /// One of `choices` (exact, lowercase).
+    fn choice<T: Copy>(&mut self, node: &Node, field: &str, choices: &[(&str, T)]) -> Option<T> {
+        let text = self.string(node, field)?;
+        let found = choices.iter().find(|(name, _)| *name == text);
+        if found.is_none() {
+            let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+            self.err(
+                line(node),
+                field,
+                format!(
+                    "unknown value {text:?}; expected one of: {}",
+                    names.join(", ")
+                ),
+            );
+        }
+        found.map(|(_, v)| *v)
+    }
+
+    /// A `descriptors` list into `level`.
+    fn descriptors(
+        &mut self,
+        node: Option<&Node>,
+        domain: &str,
+        parent_id: &str,
+        level: &mut Level,
+    ) {
+        let Some(node) = node.filter(|n| !is_null(n)) else {
+            return;
+        };
+        let Some(items) = node.as_sequence() else {
+            self.err(
+                line(node),
+                "descriptors",
+                format!("must be a list of maps, found {}", kind(node)),
+            );
+            return;
+        };
+        for item in items.iter() {
+            match item.as_mapping() {
+                Some(map) => self.descriptor(map, domain, parent_id, level),
+                None => self.err(
+                    line(item),
+                    "descriptors",
+                    format!(
+                        "each list item must be a map with `key` (and optionally `value`, \
+                         `rate_limit`, `descriptors`), found {}",
+                        kind(item)
+                    ),
+                ),
+            }
+        }
+    }
+
+    fn descriptor(
+        &mut self,
+        map: &MarkedMappingNode,
+        domain: &str,
+        parent_id: &str,
+        level: &mut Level,
+    ) {
+        let at = map.span().start().map_or(1, |m| m.line());
+        self.check_fields(map, DESCRIPTOR_FIELDS, "a descriptor");
+        let get = |f: &str| map.get_node(f);
+
+        let key = match get("key") {
+            None => {
+                self.err(at, "key", "missing: every descriptor needs a non-empty key");
+                None
+            }
+            Some(node) => match self.string(node, "key") {
+                Some(k) if k.is_empty() => {
+                    self.err(line(node), "key", "must not be empty");
+                    None
+                }
+                other => other,
+            },
+        };
+        // An empty value is no value, as in envoyproxy/ratelimit.
+        let value = get("value")
+            .filter(|n| !is_null(n))
+            .and_then(|n| self.string(n, "value"))
+            .filter(|v| !v.is_empty());
+
+        let mut shadow_mode = false;
+        let mut detailed_metric = false;
+        for field in [
+            "shadow_mode",
+            "detailed_metric",
+            "value_to_metric",
+            "share_threshold",
+            "quota_mode",
+        ] {
+            if let Some(b) = get(field).and_then(|n| self.boolean(n, field)) {
+                match field {
+                    "shadow_mode" => shadow_mode = b,
+                    "detailed_metric" => detailed_metric = b,
+                    _ => {}
+                }
+            }
+        }
+
+        let mut id = String::with_capacity(parent_id.len() + 32);
+        id.push_str(parent_id);
+        id.push('|');
+        escape_into(key.as_deref().unwrap_or(""), &mut id);
+        if let Some(v) = &value {
+            id.push('=');
+            escape_into(v, &mut id);
+        }
+
+        let spec = get("rate_limit")
+            .filter(|n| !is_null(n))
+            .and_then(|n| self.rate_limit(n));
+        let rule = match &spec {
+            Some(spec) => self.rule(map, spec, domain, &id, shadow_mode, detailed_metric),
+            None => {
+                self.reject_limit_fields(map, "this descriptor has no rate_limit");
+                None
+            }
+        };
+        let rule = rule.map(Arc::new);
+        if let Some(rule) = &rule {
+            self.rules.push(rule.clone());
+            if let (Some(name), Some(spec)) = (&rule.name, &spec) {
+                match self.named.get(name) {
+                    Some(&(first, _)) => self.err(
+                        spec.line,
+                        "name",
+                        format!(
+                            "duplicate name {name:?} in domain {domain:?}: already used by the \
+                             rate_limit at line {first}; a name identifies one rule"
+                        ),
+                    ),
+                    None => {
+                        self.named.insert(name.clone(), (spec.line, rule.clone()));
+                    }
+                }
+            }
+        }
+
+        let mut node = TreeNode {
+            line: at,
+            rule,
+            children: Level::default(),
+        };
+        self.descriptors(get("descriptors"), domain, &id, &mut node.children);
+
+        let Some(key) = key else { return };
+        let group = level.by_key.entry(key.clone()).or_default();
+        if let Some(first) = group.line_of(value.as_deref()) {
+            let shown = match &value {
+                Some(v) => format!("{key}={v}"),
+                None => key.clone(),
+            };
+            self.err(
+                at,
+                "key",
+                format!(
+                    "duplicate {key}: {shown} is already defined at line {first} under the \
+                     same parent"
+                ),
+            );
+            return;
+        }
+        match value {
+            None => group.any = Some(Box::new(node)),
+            Some(v) => match Glob::new(&v) {
+                Some(glob) => group.globs.push((glob, node)),
+                None => {
+                    group.exact.insert(v, node);
+                }
+            },
+        }
+    }
+
+    fn rate_limit(&mut self, node: &Node) -> Option<RateLimitSpec> {
+        let Some(map) = node.as_mapping() else {
+            self.err(
+                line(node),
+                "rate_limit",
+                format!(
+                    "must be a map with unit and requests_per_unit, found {}",
+                    kind(node)
+                ),
+            );
+            return None;
+        };
+        self.check_fields(map, RATE_LIMIT_FIELDS, "rate_limit");
+        let get = |f: &str| map.get_node(f).filter(|n| !is_null(n));
+        let mut spec = RateLimitSpec {
+            line: map.span().start().map_or(1, |m| m.line()),
+            unit: None,
+            requests_per_unit: None,
+            unlimited: false,
+            name: None,
+            replaces: Vec::new(),
+        };
+        if let Some(n) = get("unit")
+            && let Some(text) = self.string(n, "unit")
+        {
+            match Unit::from_name(&text) {
+                Some(u) => spec.unit = Some((u, line(n))),
+                None => self.err(
+                    line(n),
+                    "unit",
+                    format!(
+                        "unknown unit {text:?}; expected one of: second, minute, hour, day, \
+                             week, month, year (or a Meridian `period:` beside rate_limit)"
+                    ),
+                ),
+            }
+        }
+        if let Some(n) = get("requests_per_unit") {
+            spec.requests_per_unit = self.integer(n, "requests_per_unit").map(|v| (v, line(n)));
+        }
+        if let Some(n) = get("unlimited") {
+            spec.unlimited = self.boolean(n, "unlimited").unwrap_or(false);
+        }
+        if let Some(n) = get("quota_mode") {
+            self.boolean(n, "quota_mode");
+        }
+        if let Some(n) = get("name") {
+            spec.name = self.string(n, "name").filter(|s| !s.is_empty());
+        }
+        if let Some(n) = get("replaces") {
+            self.replaces(n, &mut spec);
+        }
+        Some(spec)
+    }
+
+    fn replaces(&mut self, node: &Node, spec: &mut RateLimitSpec) {
+        let Some(items) = node.as_sequence() else {
+            self.err(
+                line(node),
+                "replaces",
+                format!("must be a list of {{name: ...}} maps, found {}", kind(node)),
+            );
+            return;
+        };
+        for item in items.iter() {
+            let Some(map) = item.as_mapping() else {
+                self.err(
+                    line(item),
+                    "replaces",
+                    format!(
+                        "each entry must be a map {{name: ...}}, found {}",
+                        kind(item)
+                    ),
+                );
+                continue;
+            };
+            self.check_fields(map, &["name"], "a replaces entry");
+            let name = map
+                .get_node("name")
+                .filter(|n| !is_null(n))
+                .and_then(|n| self.string(n, "replaces"))
+                .filter(|s| !s.is_empty());
+            match name {
+                None => self.err(
+                    line(item),
+                    "replaces",
+                    "empty entry: each replaces entry needs the name of the rule it replaces",
+                ),
+                Some(name) if spec.name.as_ref() == Some(&name) => self.err(
+                    line(item),
+                    "replaces",
+                    format!("a rule may not replace itself (name {name:?})"),
+                ),
+                Some(name) => spec.replaces.push(name),
+            }
+        }
+    }
+
+    /// Errors for Meridian's limit fields on a node without a limit.
+    fn reject_limit_fields(&mut self, map: &MarkedMappingNode, why: &str) {
+        for (k, _) in map.iter() {
+            if LIMIT_FIELDS.contains(&k.as_str()) {
+                self.err(
+                    scalar_line(k),
+                    k.as_str(),
+                    format!("only allowed beside a rate_limit with a limit; {why}"),
+                );
+            }
+        }
+    }
+
+    /// Builds the rule of a node with `rate_limit`, from the spec and
+    /// Meridian's sibling fields. `None` when anything is invalid.
+    fn rule(
+        &mut self,
+        map: &MarkedMappingNode,
+        spec: &RateLimitSpec,
+        domain: &str,
+        id: &str,
+        shadow_mode: bool,
+        detailed_metric: bool,
+    ) -> Option<Rule> {
+        let before = self.errors.len();
+        let get = |f: &str| map.get_node(f).filter(|n| !is_null(n));
+        let mut rule = Rule {
+            id: id.to_owned(),
+            domain: domain.to_owned(),
+            name: spec.name.clone(),
+            unlimited: spec.unlimited,
+            requests_per_unit: 0,
+            unit: Unit::Second,
+            params: None,
+            shadow_mode,
+            detailed_metric,
+            replaces: spec.replaces.clone(),
+            fail_mode: FailMode::default(),
+            scope: Scope::default(),
+            accuracy: Accuracy::default(),
+            split: 1,
+            partition: Partition::default(),
+            fallback: 0.5,
+            file: self.file.to_owned(),
+            line: spec.line,
+        };
+
+        if spec.unlimited {
+            if let Some((_, at)) = spec.unit {
+                self.err(
+                    at,
+                    "unit",
+                    "not allowed with unlimited: true (an unlimited rule has no unit and counts \
+                     nothing)",
+                );
+            }
+            // envoyproxy/ratelimit accepts (and ignores) requests_per_unit here.
+            self.reject_limit_fields(map, "this rule is unlimited");
+            return (self.errors.len() == before).then_some(rule);
+        }
+
+        let period = get("period").and_then(|n| self.duration(n, "period").map(|d| (d, line(n))));
+        rule.unit = match (spec.unit, period) {
+            (Some((unit, _)), None) => unit,
+            (None, Some((d, _))) => Unit::from_period(d),
+            (Some((unit, _)), Some((d, at))) => {
+                if unit.duration() != d {
+                    self.err(
+                        at,
+                        "period",
+                        format!(
+                            "disagrees with unit {}; give either unit or period",
+                            unit.name().to_lowercase()
+                        ),
+                    );
+                }
+                unit
+            }
+            (None, None) => {
+                if get("period").is_none() {
+                    self.err(
+                        spec.line,
+                        "unit",
+                        "missing: give unit (second, minute, hour, day, week, month, year), a \
+                         Meridian period, or unlimited: true",
+                    );
+                }
+                Unit::Second
+            }
+        };
+        match spec.requests_per_unit {
+            None => self.err(
+                spec.line,
+                "requests_per_unit",
+                "missing: how many requests per unit",
+            ),
+            Some((0, at)) => self.err(
+                at,
+                "requests_per_unit",
+                "must be at least 1: a limit of 0 would deny every request (to stop limiting, \
+                 use unlimited: true or remove the rate_limit)",
+            ),
+            Some((n, at)) if n < 0 => self.err(
+                at,
+                "requests_per_unit",
+                format!("must be at least 1, found {n}"),
+            ),
+            Some((n, _)) => rule.requests_per_unit = n as u64,
+        }
+
+        let algorithm = match get("algorithm") {
+            None => Some(Algorithm::FixedWindow),
+            Some(n) => self.string(n, "algorithm").and_then(|text| {
+                Algorithm::from_str(&text)
+                    .map_err(|e| {
+                        self.err(
+                            line(n),
+                            "algorithm",
+                            format!("unknown algorithm {text:?}; {}", e.reason),
+                        )
+                    })
+                    .ok()
+            }),
+        };
+        let burst = get("burst").and_then(|n| self.integer(n, "burst").map(|b| (b, line(n))));
+
+        if let Some(n) = get("fail_mode") {
+            let choices = [
+                ("open", FailMode::Open),
+                ("closed", FailMode::Closed),
+                ("local", FailMode::Local),
+            ];
+            rule.fail_mode = self.choice(n, "fail_mode", &choices).unwrap_or_default();
+        }
+        if let Some(n) = get("scope") {
+            let choices = [("region", Scope::Region), ("global", Scope::Global)];
+            rule.scope = self.choice(n, "scope", &choices).unwrap_or_default();
+        }
+        self.accuracy(map, &mut rule, algorithm);
+        if let Some(n) = get("split") {
+            match self.integer(n, "split") {
+                Some(k) if (1..=i64::from(MAX_SPLIT)).contains(&k) => {
+                    rule.split = k as u32;
+                    if rule.requests_per_unit > 0 && (k as u64) > rule.requests_per_unit {
+                        self.err(
+                            line(n),
+                            "split",
+                            format!(
+                                "{k} sub-counters for a limit of {}: each would hold less than \
+                                 one request",
+                                rule.requests_per_unit
+                            ),
+                        );
+                    }
+                }
+                Some(k) => self.err(
+                    line(n),
+                    "split",
+                    format!("must be 1 to {MAX_SPLIT}, found {k}"),
+                ),
+                None => {}
+            }
+        }
+        for field in ["partition", "fallback"] {
+            if let Some(n) = get(field)
+                && rule.scope != Scope::Global
+            {
+                self.err(line(n), field, "only allowed with scope: global");
+            }
+        }
+        if let Some(n) = get("partition") {
+            let choices = [
+                ("strict", Partition::Strict),
+                ("available", Partition::Available),
+            ];
+            rule.partition = self.choice(n, "partition", &choices).unwrap_or_default();
+        }
+        if let Some(n) = get("fallback")
+            && let Some(text) = self.string(n, "fallback")
+        {
+            match text.trim().parse::<f64>() {
+                Ok(f) if (0.0..=1.0).contains(&f) => rule.fallback = f,
+                _ => self.err(
+                    line(n),
+                    "fallback",
+                    format!("must be a number from 0.0 to 1.0, found {text:?}"),
+                ),
+            }
+        }
+
+        if self.errors.len() != before {
+            return None;
+        }
+        let algorithm = algorithm?;
+        let period = rule.unit.duration();
+        match Params::new(
+            algorithm,
+            rule.requests_per_unit as i64,
+            period,
+            burst.map(|(b, _)| b),
+        ) {
+            Ok(params) => rule.params = Some(params),
+            Err(e) => {
+                let (field, at) = match e.field {
+                    "limit" => (
+                        "requests_per_unit",
+                        spec.requests_per_unit.map_or(spec.line, |r| r.1),
+                    ),
+                    "burst" => ("burst", burst.map_or(spec.line, |b| b.1)),
+                    "period" => match period_line(map) {
+                        Some(at) => ("period", at),
+                        None => ("unit", spec.unit.map_or(spec.line, |u| u.1)),
+                    },
+                    other => (other, spec.line),
+                };
+                self.err(at, field, format!("{} (value {})", e.reason, e.value));
+                return None;
+            }
+        }
+        Some(rule)
+    }
+
+    fn accuracy(&mut self, map: &MarkedMappingNode, rule: &mut Rule, algorithm: Option<Algorithm>) {
+        let get = |f: &str| map.get_node(f).filter(|n| !is_null(n));
+        let approximate = match get("accuracy") {
+            None => false,
+            Some(n) => {
+                let choices = [("exact", false), ("approximate", true)];
+                let approximate = self.choice(n, "accuracy", &choices).unwrap_or(false);
+                if let Some(a) = algorithm.filter(|_| approximate)
+                    && !matches!(
+                        a,
+                        Algorithm::FixedWindow
+                            | Algorithm::SlidingWindowCounter
+                            | Algorithm::TokenBucket
+                    )
+                {
+                    self.err(
+                        line(n),
+                        "accuracy",
+                        format!(
+                            "approximate is only available for fixed_window, \
+                                 sliding_window_counter and token_bucket, not {a}"
+                        ),
+                    );
+                }
+                approximate
+            }
+        };
+        if !approximate {
+            for field in ["sync_interval", "max_batch"] {
+                if let Some(n) = get(field) {
+                    self.err(line(n), field, "only allowed with accuracy: approximate");
+                }
+            }
+            return;
+        }
+        let sync_interval = get("sync_interval")
+            .and_then(|n| self.duration(n, "sync_interval"))
+            .unwrap_or(DEFAULT_SYNC_INTERVAL);
+        let max_batch = get("max_batch").and_then(|n| match self.integer(n, "max_batch") {
+            Some(b) if b >= 1 => Some(b as u64),
+            Some(b) => {
+                self.err(
+                    line(n),
+                    "max_batch",
+                    format!("must be at least 1, found {b}"),
+                );
+                None
+            }
+            None => None,
+        });
+        rule.accuracy = Accuracy::Approximate {
+            sync_interval,
+            max_batch,
+        };
+    }
+}
+
+fn period_line(map: &MarkedMappingNode) -> Option<usize> {
+    map.get_node("period").map(line)
+}
+
+impl KeyNodes {
+    /// The line of the sibling with this value pattern (`None` = key only), if any.
+    fn line_of(&self, value: Option<&str>) -> Option<usize> {
+        match value {
+            None => self.any.as_ref().map(|n| n.line),
+            Some(v) if v.contains('*') => self
+                .globs
+                .iter()
+                .find(|(g, _)| g.pattern() == v)
+                .map(|(_, n)| n.line),
+            Some(v) => self.exact.get(v).map(|n| n.line),
+        }
+    }
+}
