@@ -41,11 +41,27 @@ pub fn per_check(total: f64, checks: u64) -> Option<f64> {
     (checks > 0).then(|| total / checks as f64)
 }
 
+/// Commands that run a server-side script; what a script calls inside is
+/// counted by Redis as commands of their own.
+const SCRIPT_COMMANDS: [&str; 6] = [
+    "eval",
+    "evalsha",
+    "eval_ro",
+    "evalsha_ro",
+    "fcall",
+    "fcall_ro",
+];
+
 /// Redis work during the measured window.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RedisCost {
+    /// Every command Redis executed, including those run inside Lua scripts
+    /// (`INFO commandstats` counts both; Redis < 8 cannot tell them apart).
     pub commands: u64,
     pub commands_per_check: Option<f64>,
+    /// Script invocations (EVAL, EVALSHA, FCALL and their _RO forms).
+    pub scripts: u64,
+    pub scripts_per_check: Option<f64>,
     pub cpu_us: u64,
     pub cpu_us_per_check: Option<f64>,
     /// Calls per check of each command Redis saw (`evalsha`, `incrby`, …).
@@ -55,9 +71,16 @@ pub struct RedisCost {
 impl RedisCost {
     pub fn new(calls: &BTreeMap<String, u64>, cpu_us: u64, checks: u64) -> RedisCost {
         let commands = calls.values().sum();
+        let scripts = calls
+            .iter()
+            .filter(|(name, _)| SCRIPT_COMMANDS.contains(&name.as_str()))
+            .map(|(_, n)| n)
+            .sum();
         RedisCost {
             commands,
             commands_per_check: per_check(commands as f64, checks),
+            scripts,
+            scripts_per_check: per_check(scripts as f64, checks),
             cpu_us,
             cpu_us_per_check: per_check(cpu_us as f64, checks),
             commands_per_check_by_name: calls
@@ -188,7 +211,9 @@ impl fmt::Display for Summary {
                 .collect();
             writeln!(
                 f,
-                "redis      {} commands/check ({}), {} µs CPU/check",
+                "redis      {} script calls/check, {} commands/check counting those inside scripts ({}), {} µs CPU/check",
+                r.scripts_per_check
+                    .map_or_else(|| "-".to_owned(), |v| format!("{v:.3}")),
                 r.commands_per_check
                     .map_or_else(|| "-".to_owned(), |v| format!("{v:.3}")),
                 by_name.join(", "),
@@ -240,12 +265,20 @@ mod tests {
     fn per_check_ratios() {
         assert_eq!(per_check(250.0, 100), Some(2.5));
         assert_eq!(per_check(250.0, 0), None);
-        let calls: BTreeMap<String, u64> = [("evalsha".to_owned(), 1000), ("ping".to_owned(), 10)]
-            .into_iter()
-            .collect();
+        // One EVALSHA per check whose script calls TIME and INCRBY, plus health pings.
+        let calls: BTreeMap<String, u64> = [
+            ("evalsha", 1000),
+            ("time", 1000),
+            ("incrby", 1000),
+            ("ping", 10),
+        ]
+        .into_iter()
+        .map(|(name, n)| (name.to_owned(), n))
+        .collect();
         let r = RedisCost::new(&calls, 4_000, 1000);
-        assert_eq!(r.commands, 1010);
-        assert_eq!(r.commands_per_check, Some(1.01));
+        assert_eq!(r.commands, 3010);
+        assert_eq!(r.commands_per_check, Some(3.01));
+        assert_eq!((r.scripts, r.scripts_per_check), (1000, Some(1.0)));
         assert_eq!(r.cpu_us_per_check, Some(4.0));
         assert_eq!(r.commands_per_check_by_name["evalsha"], 1.0);
         assert_eq!(r.commands_per_check_by_name["ping"], 0.01);
