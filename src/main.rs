@@ -28,7 +28,7 @@ enum Command {
     Demo,
     /// Replay multi-region traffic in virtual time and measure the bounds.
     Simulate,
-    /// Load-test a limiter and report latency histograms.
+    /// Load-test a limiter: throughput, latency percentiles, cost per check.
     Bench(meridian::bench::BenchArgs),
     /// Check and explain rule files.
     Rules(meridian::rules::cli::RulesArgs),

@@ -104,12 +104,14 @@ pub struct BenchArgs {
     #[arg(long)]
     pub domain: String,
 
-    /// grpc / http: address checks by this rule name plus the drawn key
+    /// grpc / http: address checks by this rule name plus the drawn key [default: none; give
+    /// --rule or --descriptor]
     #[arg(long, value_name = "NAME", conflicts_with = "descriptor")]
     pub rule: Option<String>,
 
     /// Descriptor entry KEY=VALUE, `{key}` replaced by the drawn key; repeat for several
     /// entries of one descriptor (required for rls, e.g. --descriptor 'customer={key}')
+    /// [default: none]
     #[arg(long, value_name = "KEY=VALUE")]
     pub descriptor: Vec<EntryTemplate>,
 
@@ -127,11 +129,12 @@ pub struct BenchArgs {
     pub max_in_flight: usize,
 
     /// Redis the server uses: report Redis commands and CPU µs per check (INFO commandstats
-    /// and INFO cpu before and after the measured window)
+    /// and INFO cpu before and after the measured window) [default: off]
     #[arg(long, value_name = "URL")]
     pub redis: Option<String>,
 
     /// Server process id: report its CPU µs per check (/proc/PID/stat before and after)
+    /// [default: off]
     #[arg(long, value_name = "PID")]
     pub server_pid: Option<u32>,
 
@@ -140,6 +143,7 @@ pub struct BenchArgs {
     pub seed: u64,
 
     /// Print the summary as one JSON object on stdout (progress still goes to stderr)
+    /// [default: a text summary]
     #[arg(long)]
     pub json: bool,
 }
