@@ -2,6 +2,7 @@
 //! Envoy RLS v3 `ShouldRateLimit`, native `meridian.v1.Limiter/Check`, and
 //! HTTP `POST /v1/check`. Interpreting answers is pure and tested here.
 
+use std::collections::BTreeMap;
 use std::error::Error;
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,10 +74,21 @@ pub struct Tally {
     pub unmatched: u64,
     /// The first per-check error message, if any.
     pub error: Option<String>,
+    /// Checks per non-empty `reason` of their decision (`over_limit`,
+    /// `fail_open`, `cached_over_limit`, …): shows checks the store never saw.
+    pub reasons: BTreeMap<String, u64>,
 }
 
 impl Tally {
-    fn add_decision(&mut self, allowed: bool, matched: bool, error: &str) {
+    fn add_decision(&mut self, allowed: bool, matched: bool, error: &str, reason: &str) {
+        if !reason.is_empty() {
+            match self.reasons.get_mut(reason) {
+                Some(n) => *n += 1,
+                None => {
+                    self.reasons.insert(reason.to_owned(), 1);
+                }
+            }
+        }
         if !error.is_empty() {
             self.errors += 1;
             self.error.get_or_insert_with(|| error.to_owned());
@@ -167,6 +179,8 @@ struct JsonDecision {
     matched: bool,
     #[serde(default)]
     error: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
 }
 
 fn matched_by_default() -> bool {
@@ -242,7 +256,12 @@ fn tally_http(status: u16, body: &[u8], checks: usize) -> Result<Tally, String> 
     }
     let mut tally = Tally::default();
     for d in decisions {
-        tally.add_decision(d.allowed, d.matched, d.error.as_deref().unwrap_or(""));
+        tally.add_decision(
+            d.allowed,
+            d.matched,
+            d.error.as_deref().unwrap_or(""),
+            d.reason.as_deref().unwrap_or(""),
+        );
     }
     Ok(tally)
 }
@@ -332,7 +351,7 @@ impl Connection {
                 }
                 let mut tally = Tally::default();
                 for d in &response.decisions {
-                    tally.add_decision(d.allowed, d.matched, &d.error);
+                    tally.add_decision(d.allowed, d.matched, &d.error, &d.reason);
                 }
                 Ok(tally)
             }
@@ -475,12 +494,15 @@ mod tests {
 
     #[test]
     fn http_batches_count_each_decision_and_keep_the_first_error() {
-        let body =
-            br#"{"decisions":[{"allowed":true,"matched":true},{"allowed":false,"matched":true},
-                       {"allowed":false,"error":"empty domain"},{"allowed":true,"error":""}]}"#;
-        let t = tally_http(429, body, 4).unwrap();
-        assert_eq!((t.allowed, t.denied, t.errors), (2, 1, 1));
+        let body = br#"{"decisions":[{"allowed":true,"matched":true,"reason":"fail_open"},
+                       {"allowed":false,"matched":true,"reason":"over_limit"},
+                       {"allowed":false,"error":"empty domain"},{"allowed":true,"error":""},
+                       {"allowed":false,"reason":"over_limit"}]}"#;
+        let t = tally_http(429, body, 5).unwrap();
+        assert_eq!((t.allowed, t.denied, t.errors), (2, 2, 1));
         assert_eq!(t.error.as_deref(), Some("empty domain"));
+        let reasons: Vec<(&str, u64)> = t.reasons.iter().map(|(r, n)| (r.as_str(), *n)).collect();
+        assert_eq!(reasons, [("fail_open", 1), ("over_limit", 2)]);
         assert!(
             tally_http(200, br#"{"decisions":[]}"#, 2)
                 .unwrap_err()

@@ -423,6 +423,7 @@ fn summarise(
         denied: totals.denied,
         errors: totals.errors,
         unmatched: totals.unmatched,
+        reasons: recorder.reasons(),
         latency: LatencySummary::from_histogram(&latency),
         send_lag: rate.map(|_| LatencySummary::from_histogram(&lag)),
         first_error: recorder.first_error(),

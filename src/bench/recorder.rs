@@ -2,6 +2,7 @@
 //! counters are atomics, histograms are sharded behind short `std` mutexes
 //! (no `.await` while held), so tasks on different threads rarely meet.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -87,6 +88,8 @@ pub struct Recorder {
     measured: Counts,
     shards: Vec<Mutex<Shard>>,
     first_error: Mutex<Option<String>>,
+    /// Measured checks per decision reason; locked only for requests that have any.
+    reasons: Mutex<BTreeMap<String, u64>>,
     /// Nanoseconds from `start` to the last measured answer.
     last_done_ns: AtomicU64,
 }
@@ -115,6 +118,7 @@ impl Recorder {
                 })
                 .collect(),
             first_error: Mutex::new(None),
+            reasons: Mutex::new(BTreeMap::new()),
             last_done_ns: AtomicU64::new(0),
         }
     }
@@ -140,6 +144,12 @@ impl Recorder {
             return;
         }
         self.measured.add(sample.checks, &tally);
+        if !tally.reasons.is_empty() {
+            let mut reasons = self.reasons.lock().unwrap_or_else(|e| e.into_inner());
+            for (reason, n) in tally.reasons {
+                *reasons.entry(reason).or_default() += n;
+            }
+        }
         let done_ns =
             u64::try_from(sample.done.duration_since(self.start).as_nanos()).unwrap_or(u64::MAX);
         self.last_done_ns.fetch_max(done_ns, Relaxed);
@@ -175,6 +185,14 @@ impl Recorder {
 
     pub fn first_error(&self) -> Option<String> {
         self.first_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Measured checks per decision reason.
+    pub fn reasons(&self) -> BTreeMap<String, u64> {
+        self.reasons
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
@@ -220,6 +238,7 @@ mod tests {
         let r = Recorder::new(Instant::now());
         let allowed = Tally {
             allowed: 2,
+            reasons: [("fail_open".to_owned(), 1)].into_iter().collect(),
             ..Tally::default()
         };
         r.record(sample(false, 2, 5, Ok(allowed.clone())));
@@ -227,6 +246,7 @@ mod tests {
         assert_eq!(r.progress().0.allowed, 4);
         assert_eq!(r.progress().1, 12_000);
         assert_eq!(r.measured().allowed, 2);
+        assert_eq!(r.reasons().get("fail_open"), Some(&1));
         assert_eq!(r.histograms().0.len(), 1);
         assert!(r.last_done().is_some());
     }

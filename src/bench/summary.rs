@@ -131,6 +131,10 @@ pub struct Summary {
     /// Checks no rule matched (allowed without counting): usually a wrong
     /// `--domain`, `--rule` or `--descriptor`. Native and HTTP APIs only.
     pub unmatched: u64,
+    /// Checks per decision reason (native and HTTP APIs): `over_limit`,
+    /// `cached_over_limit`, and `fail_open` / `fail_closed` / `fail_local` for
+    /// checks decided without the store (its deadline or circuit breaker).
+    pub reasons: BTreeMap<String, u64>,
     /// Per request; open loop: from the request's scheduled send time.
     pub latency: LatencySummary,
     /// Open loop only: how late the bench itself sent requests.
@@ -196,6 +200,14 @@ impl fmt::Display for Summary {
                 String::new()
             }
         )?;
+        if !self.reasons.is_empty() {
+            let reasons: Vec<String> = self
+                .reasons
+                .iter()
+                .map(|(reason, n)| format!("{reason} {n}"))
+                .collect();
+            writeln!(f, "reasons    {}", reasons.join(", "))?;
+        }
         latency_line(f, "latency", &self.latency)?;
         if let Some(lag) = &self.send_lag {
             latency_line(f, "send lag", lag)?;
