@@ -421,3 +421,29 @@ async fn tls_redis_is_reached_with_the_given_ca_and_refused_without_it() {
         "connected to a server signed by an unknown CA"
     );
 }
+
+#[tokio::test]
+async fn credentials_in_the_url_authenticate() {
+    let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
+    let port = server.port();
+    let with = RedisConfig::new(format!("redis://:s3cret@127.0.0.1:{port}"));
+    let store = RedisStore::connect(&with)
+        .await
+        .expect("connect with password");
+    let l = limit("auth", Algorithm::FixedWindow, 1, Duration::from_secs(60));
+    assert!(
+        store
+            .check(&l, "k", 1, None)
+            .await
+            .expect("authenticated check")
+            .allowed
+    );
+
+    let without = RedisConfig::new(format!("redis://127.0.0.1:{port}"));
+    let denied = match RedisStore::connect(&without).await {
+        Err(e) => Some(e),
+        Ok(store) => store.check(&l, "k", 1, None).await.err(),
+    };
+    let e = denied.expect("a server with requirepass must refuse an unauthenticated client");
+    assert!(e.to_string().to_lowercase().contains("auth"), "{e}");
+}

@@ -11,7 +11,7 @@
 //! constant rate), an admitted caller waits `delay` — the time for the hits
 //! ahead of it to drain — before going on.
 
-use super::{BucketScale, Decision, Micros, Outcome, Params, div_ceil, until_tick};
+use super::{BucketScale, Decision, Micros, Outcome, Params, div_ceil, drain, until_tick};
 
 /// `None` when the bucket is empty (TAT in the past).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -38,13 +38,7 @@ pub fn decide(state: &mut State, now: Micros, cost: u64, params: &Params) -> Out
         None => (0, now_tick),
         Some(t) => {
             let tick = now_tick.max(t.tick);
-            let elapsed = tick - t.tick;
-            let backlog = if elapsed >= div_ceil(t.backlog, refill) {
-                0
-            } else {
-                t.backlog - elapsed * refill
-            };
-            (backlog, tick)
+            (drain(t.backlog, tick - t.tick, refill), tick)
         }
     };
     let after = backlog + cost * unit;

@@ -74,6 +74,17 @@ pub(crate) fn div_ceil(a: u64, b: u64) -> u64 {
     a.div_ceil(b)
 }
 
+/// What is left of `amount` scaled units after `elapsed` ticks draining
+/// `refill` each: a GCRA backlog draining, or a token bucket's missing tokens
+/// refilling. Compares first so that `elapsed × refill` stays in exact range.
+pub(crate) fn drain(amount: u64, elapsed: u64, refill: u64) -> u64 {
+    if elapsed >= div_ceil(amount, refill) {
+        0
+    } else {
+        amount - elapsed * refill
+    }
+}
+
 /// Microseconds from `now` until the start of tick `tick` (ticks of `tick_us`).
 pub(crate) fn until_tick(now: Micros, tick: u64, tick_us: Micros) -> Micros {
     (tick * tick_us).saturating_sub(now)

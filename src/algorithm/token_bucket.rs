@@ -5,7 +5,7 @@
 //! Tokens are counted in the scaled integer units of [`BucketScale`]: one token
 //! is `unit` units and each tick adds `refill` units, so refills are exact.
 
-use super::{BucketScale, Decision, Micros, Outcome, Params, div_ceil, until_tick};
+use super::{BucketScale, Decision, Micros, Outcome, Params, div_ceil, drain, until_tick};
 
 /// `None` until the first admitted hit: an unused bucket is full.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -34,15 +34,9 @@ pub fn decide(state: &mut State, now: Micros, cost: u64, params: &Params) -> Out
         None => (capacity, now_tick),
         Some(l) => {
             let tick = now_tick.max(l.tick);
-            let elapsed = tick - l.tick;
-            let missing = capacity - l.tokens;
-            // Compare first so that elapsed × refill cannot leave the exact range.
-            let tokens = if elapsed >= div_ceil(missing, refill) {
-                capacity
-            } else {
-                l.tokens + elapsed * refill
-            };
-            (tokens, tick)
+            // Refilling the missing tokens is draining them.
+            let missing = drain(capacity - l.tokens, tick - l.tick, refill);
+            (capacity - missing, tick)
         }
     };
     let need = cost * unit;

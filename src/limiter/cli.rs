@@ -14,10 +14,12 @@ use tokio_stream::wrappers::TcpListenerStream;
 use super::engine::{Engine, EngineConfig};
 use super::grpc::{NativeService, RlsService};
 use super::http::{self, HttpState};
+use super::rule_feed;
 use super::rule_source::RuleSource;
 use super::service::Limiter;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::proto::meridian::v1::limiter_server::LimiterServer;
+use crate::rules::RuleSet;
 use crate::store::{AnyStore, MemoryStore, RedisConfig, RedisStore};
 
 /// Serve rate limit checks for one region: Envoy RLS v3 and Meridian's native
@@ -27,8 +29,24 @@ pub struct LimiterArgs {
     /// Rule file(s) in envoyproxy/ratelimit's YAML format plus Meridian's fields.
     /// Watched: a valid edit applies within --reload-interval, a broken one is
     /// rejected and logged while the last good rules stay in force.
-    #[arg(long = "config", required = true, value_name = "RULES.yaml")]
+    #[arg(
+        long = "config",
+        value_name = "RULES.yaml",
+        required_unless_present = "coordinator",
+        conflicts_with = "coordinator"
+    )]
     pub config: Vec<PathBuf>,
+
+    /// Take rules from the coordinator cluster instead of files: the gRPC
+    /// address of any node (repeat for several; the next is tried when one
+    /// fails), e.g. http://10.0.0.5:7001. Rollout stages are honoured for --region.
+    #[arg(long, value_name = "URL")]
+    pub coordinator: Vec<String>,
+
+    /// With --coordinator: where the last rules received are kept, so a restart
+    /// while no coordinator answers still enforces them.
+    #[arg(long, value_name = "FILE", default_value = "meridian-rules-cache.json")]
+    pub rules_cache: PathBuf,
 
     /// Redis for this region: redis://[user:pass@]host:port[/db], or rediss:// for
     /// TLS. Repeat it, or use redis+cluster://h1:p1,h2:p2, for a Redis Cluster.
@@ -72,6 +90,11 @@ pub struct LimiterArgs {
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub reload_interval: Duration,
 
+    /// After SIGTERM, how long in-flight requests may take to finish before
+    /// connections still open (gateways keep theirs forever) are closed.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
     /// Keys the local over-limit cache holds at most.
     #[arg(long, default_value_t = 100_000)]
     pub cache_capacity: usize,
@@ -89,7 +112,24 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     let metrics = crate::telemetry::metrics();
-    let rules = Arc::new(RuleSource::from_files(args.config.clone())?);
+    let rules = if args.coordinator.is_empty() {
+        Arc::new(RuleSource::from_files(args.config.clone())?)
+    } else {
+        let source = Arc::new(RuleSource::fixed(RuleSet::default()));
+        if let Some(cached) = rule_feed::load_cache(&args.rules_cache) {
+            rule_feed::apply(&source, &cached).with_context(|| {
+                format!(
+                    "rules cache {} holds invalid rules",
+                    args.rules_cache.display()
+                )
+            })?;
+            tracing::info!(
+                version = cached.enforce.as_ref().map(|v| v.number),
+                "enforcing cached rules until a coordinator answers"
+            );
+        }
+        source
+    };
     let store = match args.store {
         StoreKind::Memory => AnyStore::Memory(MemoryStore::new()),
         StoreKind::Redis => {
@@ -140,9 +180,17 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
 
     let watcher = {
         let limiter = limiter.clone();
-        tokio::spawn(rules.clone().watch(args.reload_interval, move || {
-            limiter.engine.rules_changed();
-        }))
+        let on_change = move || limiter.engine.rules_changed();
+        if args.coordinator.is_empty() {
+            tokio::spawn(rules.clone().watch(args.reload_interval, on_change))
+        } else {
+            let feed = rule_feed::Feed {
+                coordinators: args.coordinator.clone(),
+                region: args.region.clone(),
+                cache: args.rules_cache.clone(),
+            };
+            tokio::spawn(feed.run(rules.clone(), on_change))
+        }
     };
     let grpc_server = tonic::transport::Server::builder()
         .add_service(RateLimitServiceServer::new(RlsService {
@@ -174,11 +222,22 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
         tracing::info!("shutting down: draining in-flight requests");
         let _ = stop_tx.send(true);
     });
-    let (grpc_result, http_result) = tokio::join!(grpc_server, http_server);
+    let servers = async { tokio::join!(grpc_server, http_server) };
+    let drain_deadline = async {
+        stopped(stop_rx).await;
+        tokio::time::sleep(args.drain_timeout).await;
+    };
+    tokio::select! {
+        (grpc_result, http_result) = servers => {
+            grpc_result.context("gRPC server")?;
+            http_result.context("HTTP server")?;
+        }
+        () = drain_deadline => {
+            tracing::info!(timeout = ?args.drain_timeout, "drain timeout: closing idle connections");
+        }
+    }
     watcher.abort();
     signals.abort();
-    grpc_result.context("gRPC server")?;
-    http_result.context("HTTP server")?;
     Ok(())
 }
 

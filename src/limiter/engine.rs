@@ -303,7 +303,12 @@ fn cached_denial(params: &Params, left: Duration) -> Decision {
         remaining: 0,
         reset_after_us: left,
         retry_after_us: left,
-        delay_us: left,
+        // Only leaky_bucket reports a delay; for a denial it equals retry-after.
+        delay_us: if params.algorithm() == crate::algorithm::Algorithm::LeakyBucket {
+            left
+        } else {
+            0
+        },
         reason: Some(DenyReason::OverLimit),
     }
 }

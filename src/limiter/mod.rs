@@ -8,6 +8,7 @@ pub mod grpc;
 pub mod http;
 
 pub use engine::{Check, Engine, EngineConfig, Source, Verdict};
+pub mod rule_feed;
 pub mod rule_source;
 pub mod service;
 

@@ -14,6 +14,9 @@ pub struct RuleSource {
     /// Swapped whole on reload; readers clone the `Arc` and never hold the lock
     /// across an `.await`.
     current: RwLock<Arc<RuleSet>>,
+    /// A rule-set version in its shadow rollout stage: decided and counted
+    /// beside `current` (its rules already in shadow mode), never enforced.
+    shadow: RwLock<Option<Arc<RuleSet>>>,
     paths: Vec<PathBuf>,
 }
 
@@ -54,16 +57,31 @@ impl RuleSource {
         let rules = load(&paths)?;
         Ok(RuleSource {
             current: RwLock::new(Arc::new(rules)),
+            shadow: RwLock::new(None),
             paths,
         })
     }
 
-    /// A fixed rule set (library use, tests).
+    /// A rule set set from outside (the coordinator feed, library use, tests).
     pub fn fixed(rules: RuleSet) -> RuleSource {
         RuleSource {
             current: RwLock::new(Arc::new(rules)),
+            shadow: RwLock::new(None),
             paths: Vec::new(),
         }
+    }
+
+    pub fn shadow(&self) -> Option<Arc<RuleSet>> {
+        self.shadow
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Replaces the enforced rules and the shadow set together.
+    pub fn set(&self, enforced: RuleSet, shadow: Option<RuleSet>) {
+        self.replace(enforced);
+        *self.shadow.write().unwrap_or_else(|e| e.into_inner()) = shadow.map(Arc::new);
     }
 
     pub fn current(&self) -> Arc<RuleSet> {

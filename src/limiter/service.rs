@@ -61,6 +61,25 @@ impl Limiter {
         descriptors: &[Descriptor],
         hits: u32,
     ) -> Result<Vec<Option<Outcome>>, RequestError> {
+        let rules = self.rules.current();
+        let enforced = self.rate_limit_with(&rules, domain, descriptors, hits);
+        match self.rules.shadow() {
+            // The shadow set's verdicts only feed logs and metrics.
+            Some(shadow) => {
+                let shadowed = self.rate_limit_with(&shadow, domain, descriptors, hits);
+                futures::join!(enforced, shadowed).0
+            }
+            None => enforced.await,
+        }
+    }
+
+    async fn rate_limit_with(
+        &self,
+        rules: &RuleSet,
+        domain: &str,
+        descriptors: &[Descriptor],
+        hits: u32,
+    ) -> Result<Vec<Option<Outcome>>, RequestError> {
         if domain.is_empty() {
             return Err(InvalidInput::new("domain", "\"\"", "must not be empty"));
         }
@@ -78,13 +97,12 @@ impl Limiter {
                 format!("at most {MAX_DESCRIPTORS} per request"),
             ));
         }
-        let rules = self.rules.current();
         let default_hits = if hits == 0 { 1 } else { u64::from(hits) };
 
         // Match first: `replaces` depends on every rule the request matched.
         let mut matched = Vec::with_capacity(descriptors.len());
         for (i, d) in descriptors.iter().enumerate() {
-            matched.push(match_descriptor(&rules, domain, d, i)?);
+            matched.push(match_descriptor(rules, domain, d, i)?);
         }
         let replaced: Vec<&str> = matched
             .iter()
@@ -122,6 +140,19 @@ impl Limiter {
         &self,
         checks: &[NativeCheck],
     ) -> Result<Vec<Result<Option<Outcome>, InvalidInput>>, RequestError> {
+        let rules = self.rules.current();
+        let enforced = self.check_batch_with(&rules, checks);
+        match self.rules.shadow() {
+            Some(shadow) => futures::join!(enforced, self.check_batch_with(&shadow, checks)).0,
+            None => enforced.await,
+        }
+    }
+
+    async fn check_batch_with(
+        &self,
+        rules: &RuleSet,
+        checks: &[NativeCheck],
+    ) -> Result<Vec<Result<Option<Outcome>, InvalidInput>>, RequestError> {
         if checks.len() > MAX_BATCH {
             return Err(InvalidInput::new(
                 "checks",
@@ -129,29 +160,25 @@ impl Limiter {
                 format!("at most {MAX_BATCH} per batch"),
             ));
         }
-        let rules = self.rules.current();
-        let futures = checks.iter().map(|c| {
-            let rules = &rules;
-            async move {
-                let Some((rule, counter_key)) = match_native(rules, c)? else {
-                    return Ok(None);
-                };
-                let cost = match (c.check_only, c.cost) {
-                    (true, _) => 0,
-                    (false, 0) => 1,
-                    (false, n) => n,
-                };
-                let verdict = self
-                    .engine
-                    .check(Check {
-                        rule: &rule,
-                        counter_key: &counter_key,
-                        cost,
-                        limit: None,
-                    })
-                    .await?;
-                Ok(Some(Outcome { rule, verdict }))
-            }
+        let futures = checks.iter().map(|c| async move {
+            let Some((rule, counter_key)) = match_native(rules, c)? else {
+                return Ok(None);
+            };
+            let cost = match (c.check_only, c.cost) {
+                (true, _) => 0,
+                (false, 0) => 1,
+                (false, n) => n,
+            };
+            let verdict = self
+                .engine
+                .check(Check {
+                    rule: &rule,
+                    counter_key: &counter_key,
+                    cost,
+                    limit: None,
+                })
+                .await?;
+            Ok(Some(Outcome { rule, verdict }))
         });
         Ok(join_all(futures).await)
     }

@@ -206,6 +206,42 @@ impl RuleSet {
     pub fn file_count(&self) -> usize {
         self.files
     }
+
+    /// The same rules in shadow mode, counted under their own ids
+    /// (`shadow/<id>`): a rule-set version in its shadow rollout stage is
+    /// decided and counted beside the enforced rules without touching their
+    /// counters or their answers.
+    pub fn shadowed(&self) -> RuleSet {
+        let mut by_id: Map<Arc<Rule>> = Map::default();
+        for rule in &self.rules {
+            let mut shadow = Rule::clone(rule);
+            shadow.id = format!("shadow/{}", rule.id);
+            shadow.shadow_mode = true;
+            by_id.insert(rule.id.clone(), Arc::new(shadow));
+        }
+        let swap = |r: &Arc<Rule>| by_id.get(&r.id).cloned().unwrap_or_else(|| r.clone());
+        let mut set = self.clone();
+        set.rules = self.rules.iter().map(swap).collect();
+        for domain in &mut set.domains {
+            domain.named.values_mut().for_each(|r| *r = swap(r));
+            domain.root.map_rules(&swap);
+        }
+        set
+    }
+}
+
+impl Level {
+    fn map_rules(&mut self, f: &impl Fn(&Arc<Rule>) -> Arc<Rule>) {
+        for nodes in self.by_key.values_mut() {
+            let exact = nodes.exact.values_mut();
+            let globs = nodes.globs.iter_mut().map(|(_, n)| n);
+            let any = nodes.any.as_deref_mut();
+            for node in exact.chain(globs).chain(any) {
+                node.rule = node.rule.as_ref().map(f);
+                node.children.map_rules(f);
+            }
+        }
+    }
 }
 
 impl KeyNodes {

@@ -14,6 +14,7 @@ use super::{
     Scope, TreeNode, Unit, escape_into,
 };
 use crate::algorithm::{Algorithm, Params};
+use crate::store::key::MAX_KEY_LEN;
 
 pub(super) struct ParsedFile {
     pub domain: Domain,
@@ -84,6 +85,14 @@ pub(super) fn parse_file(file: &RuleFile, errors: &mut Vec<RuleError>) -> Option
         rules: Vec::new(),
         named: Map::default(),
     };
+    if let Some(at) = second_document(&file.text) {
+        cx.err(
+            at,
+            "yaml",
+            "a second YAML document (---): one file holds one domain; put it in its own file",
+        );
+        return None;
+    }
     let options = LoaderOptions::default().error_on_duplicate_keys(true);
     let root = match marked_yaml::parse_yaml_with_options(0, &file.text, options) {
         Ok(root) => root,
@@ -133,9 +142,33 @@ pub(super) fn parse_file(file: &RuleFile, errors: &mut Vec<RuleError>) -> Option
     })
 }
 
+/// The line of a `---` marker after content: the loader reads only the first
+/// document, so a second one would be dropped silently. A marker at column 0
+/// cannot occur inside a valid scalar here (the top level is a map, so block
+/// scalars are indented, and quoted scalars may not contain one).
+fn second_document(text: &str) -> Option<usize> {
+    let mut content = false;
+    for (i, l) in text.lines().enumerate() {
+        let marker = l == "---" || l.starts_with("--- ") || l.starts_with("---\t");
+        if marker && content {
+            return Some(i + 1);
+        }
+        let t = l.trim();
+        content |= !marker && !t.is_empty() && !t.starts_with('#') && !t.starts_with('%');
+    }
+    None
+}
+
 fn load_error(e: &LoadError) -> (usize, String) {
     match e {
-        LoadError::ScanError(m, se) => (m.line(), format!("not valid YAML: {}", se.info())),
+        LoadError::ScanError(m, se) => {
+            let hint = if se.info().contains("anchor") {
+                " (a value starting with * must be quoted: value: \"*foo\")"
+            } else {
+                ""
+            };
+            (m.line(), format!("not valid YAML: {}{hint}", se.info()))
+        }
         LoadError::DuplicateKey(inner) => (
             inner.key.span().start().map_or(1, |m| m.line()),
             format!("field {:?} appears twice in one map", inner.key.as_str()),
@@ -186,6 +219,10 @@ struct Cx<'a> {
 /// The `rate_limit` map, checked field by field.
 struct RateLimitSpec {
     line: usize,
+    /// `unit` / `requests_per_unit` were written (even if invalid), so
+    /// "missing" would be wrong.
+    unit_given: bool,
+    requests_given: bool,
     unit: Option<(Unit, usize)>,
     requests_per_unit: Option<(i64, usize)>,
     unlimited: bool,
@@ -374,16 +411,36 @@ impl Cx<'_> {
             escape_into(v, &mut id);
         }
 
+        let before = self.errors.len();
         let spec = get("rate_limit")
             .filter(|n| !is_null(n))
-            .and_then(|n| self.rate_limit(n));
+            .and_then(|n| self.rate_limit(n, key_line(map, "rate_limit").unwrap_or(at)));
         let rule = match &spec {
+            // A broken rate_limit was reported; building on it would only add noise.
+            Some(_) if self.errors.len() != before => None,
             Some(spec) => self.rule(map, spec, domain, &id, shadow_mode, detailed_metric),
             None => {
                 self.reject_limit_fields(map, "this descriptor has no rate_limit");
                 None
             }
         };
+        // The id is part of every storage key of the rule; one the store would
+        // refuse must fail here, at load, not on every check.
+        let rule = rule.filter(|r| {
+            let fits = r.id.len() <= MAX_KEY_LEN;
+            if !fits {
+                self.err(
+                    at,
+                    "descriptors",
+                    format!(
+                        "rule id (domain plus the key/value path) is {} bytes; storage keys \
+                         allow at most {MAX_KEY_LEN}: shorten the keys or values",
+                        r.id.len()
+                    ),
+                );
+            }
+            fits
+        });
         let rule = rule.map(Arc::new);
         if let Some(rule) = &rule {
             self.rules.push(rule.clone());
@@ -439,7 +496,8 @@ impl Cx<'_> {
         }
     }
 
-    fn rate_limit(&mut self, node: &Node) -> Option<RateLimitSpec> {
+    /// `at`: the line of the `rate_limit` key, which the rule reports as its own.
+    fn rate_limit(&mut self, node: &Node, at: usize) -> Option<RateLimitSpec> {
         let Some(map) = node.as_mapping() else {
             self.err(
                 line(node),
@@ -454,7 +512,9 @@ impl Cx<'_> {
         self.check_fields(map, RATE_LIMIT_FIELDS, "rate_limit");
         let get = |f: &str| map.get_node(f).filter(|n| !is_null(n));
         let mut spec = RateLimitSpec {
-            line: map.span().start().map_or(1, |m| m.line()),
+            line: at,
+            unit_given: get("unit").is_some(),
+            requests_given: get("requests_per_unit").is_some(),
             unit: None,
             requests_per_unit: None,
             unlimited: false,
@@ -476,11 +536,32 @@ impl Cx<'_> {
                 ),
             }
         }
-        if let Some(n) = get("requests_per_unit") {
-            spec.requests_per_unit = self.integer(n, "requests_per_unit").map(|v| (v, line(n)));
-        }
         if let Some(n) = get("unlimited") {
             spec.unlimited = self.boolean(n, "unlimited").unwrap_or(false);
+        }
+        if let Some(n) = get("requests_per_unit") {
+            spec.requests_per_unit = match self.integer(n, "requests_per_unit") {
+                // envoyproxy/ratelimit accepts (and ignores) any count when unlimited.
+                Some(v) if spec.unlimited => Some((v, line(n))),
+                Some(0) => {
+                    self.err(
+                        line(n),
+                        "requests_per_unit",
+                        "must be at least 1: a limit of 0 would deny every request (to stop \
+                         limiting, use unlimited: true or remove the rate_limit)",
+                    );
+                    None
+                }
+                Some(v) if v < 0 => {
+                    self.err(
+                        line(n),
+                        "requests_per_unit",
+                        format!("must be at least 1, found {v}"),
+                    );
+                    None
+                }
+                other => other.map(|v| (v, line(n))),
+            };
         }
         if let Some(n) = get("quota_mode") {
             self.boolean(n, "quota_mode");
@@ -616,7 +697,7 @@ impl Cx<'_> {
                 unit
             }
             (None, None) => {
-                if get("period").is_none() {
+                if map.get_node("period").is_none() && !spec.unit_given {
                     self.err(
                         spec.line,
                         "unit",
@@ -628,21 +709,11 @@ impl Cx<'_> {
             }
         };
         match spec.requests_per_unit {
+            None if spec.requests_given => {}
             None => self.err(
                 spec.line,
                 "requests_per_unit",
                 "missing: how many requests per unit",
-            ),
-            Some((0, at)) => self.err(
-                at,
-                "requests_per_unit",
-                "must be at least 1: a limit of 0 would deny every request (to stop limiting, \
-                 use unlimited: true or remove the rate_limit)",
-            ),
-            Some((n, at)) if n < 0 => self.err(
-                at,
-                "requests_per_unit",
-                format!("must be at least 1, found {n}"),
             ),
             Some((n, _)) => rule.requests_per_unit = n as u64,
         }
@@ -727,7 +798,8 @@ impl Cx<'_> {
             }
         }
 
-        if self.errors.len() != before {
+        // An invalid requests_per_unit was reported while reading rate_limit.
+        if self.errors.len() != before || spec.requests_per_unit.is_none() {
             return None;
         }
         let algorithm = algorithm?;
@@ -818,6 +890,13 @@ impl Cx<'_> {
 
 fn period_line(map: &MarkedMappingNode) -> Option<usize> {
     map.get_node("period").map(line)
+}
+
+/// The line of `field`'s key in `map`.
+fn key_line(map: &MarkedMappingNode, field: &str) -> Option<usize> {
+    map.iter()
+        .find(|(k, _)| k.as_str() == field)
+        .map(|(k, _)| scalar_line(k))
 }
 
 impl KeyNodes {

@@ -25,14 +25,29 @@ impl LimiterProcess {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("rules.yaml");
         std::fs::write(&path, rules).expect("write rules");
+        let config = ["--config", path.to_str().expect("utf-8 temp path")];
+        let all: Vec<&str> = config.iter().chain(args).copied().collect();
+        LimiterProcess::spawn(&all, path.clone(), dir)
+    }
+
+    /// Starts a limiter with exactly `args` (e.g. `--coordinator …` instead of
+    /// `--config`); `dir` is a temp dir the test may use for caches.
+    pub fn start_without_rules(args: &[&str]) -> LimiterProcess {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("rules.yaml");
+        LimiterProcess::spawn(args, path, dir)
+    }
+
+    fn spawn(args: &[&str], path: PathBuf, dir: TempDir) -> LimiterProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_meridian"))
             .arg("limiter")
-            .arg("--config")
-            .arg(&path)
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
             .args(["--reload-interval", "100ms"])
             .args(args)
-            .env("RUST_LOG", "meridian=warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("MERIDIAN_TEST_LOG").unwrap_or_else(|_| "meridian=warn".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

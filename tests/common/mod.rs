@@ -254,9 +254,10 @@ fn ping(port: u16) -> bool {
     };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
     let mut buf = [0u8; 64];
+    // A server with requirepass answers -NOAUTH: up, just locked.
     s.write_all(b"PING\r\n").is_ok()
         && s.read(&mut buf)
-            .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
+            .is_ok_and(|n| buf[..n].starts_with(b"+PONG") || buf[..n].starts_with(b"-NOAUTH"))
 }
 
 /// A real Redis Cluster of three masters (no replicas), slots split evenly.

@@ -1,0 +1,261 @@
+//! Rules from the coordinator: a limiter started with `--coordinator` follows
+//! the `WatchRules` stream of any coordinator node, enforces what its region
+//! should at the version's rollout stage, keeps the last rules it received
+//! while no coordinator answers, and caches them on disk so that a restart
+//! without a coordinator still enforces.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics::{counter, gauge};
+use serde::{Deserialize, Serialize};
+use tokio_stream::StreamExt;
+
+use super::rule_source::RuleSource;
+use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
+use crate::proto::meridian::v1::{RolloutStage, RuleSetUpdate, RuleSetVersion, WatchRulesRequest};
+use crate::rules::{RuleFile, RuleSet};
+
+/// What one region runs from one update: the version it enforces and the
+/// version it decides in shadow only.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Selection {
+    pub enforce: Option<CachedVersion>,
+    pub shadow: Option<CachedVersion>,
+}
+
+/// A rule-set version as the limiter keeps it (and writes it to its cache).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CachedVersion {
+    pub number: u64,
+    /// (file name, YAML text)
+    pub files: Vec<(String, String)>,
+}
+
+impl CachedVersion {
+    fn from_proto(v: &RuleSetVersion) -> CachedVersion {
+        CachedVersion {
+            number: v.number,
+            files: v
+                .files
+                .iter()
+                .map(|f| (f.name.clone(), f.text.clone()))
+                .collect(),
+        }
+    }
+
+    fn parse(&self) -> Result<RuleSet, crate::rules::RuleErrors> {
+        let files: Vec<RuleFile> = self
+            .files
+            .iter()
+            .map(|(name, text)| RuleFile {
+                name: name.clone(),
+                text: text.clone(),
+            })
+            .collect();
+        RuleSet::parse(&files)
+    }
+}
+
+/// The rollout rules, for one region: `all` → the current version; `canary`
+/// → the current version in canary regions, the stable one elsewhere;
+/// `shadow` → the stable version, with the current one in shadow beside it.
+pub fn select(update: &RuleSetUpdate, region: &str) -> Selection {
+    let Some(current) = &update.current else {
+        return Selection {
+            enforce: None,
+            shadow: None,
+        };
+    };
+    let stable = update.stable.as_ref().map(CachedVersion::from_proto);
+    let current_version = CachedVersion::from_proto(current);
+    match RolloutStage::try_from(current.stage).unwrap_or(RolloutStage::All) {
+        RolloutStage::All | RolloutStage::Unspecified => Selection {
+            enforce: Some(current_version),
+            shadow: None,
+        },
+        RolloutStage::Canary if current.canary_regions.iter().any(|r| r == region) => Selection {
+            enforce: Some(current_version),
+            shadow: None,
+        },
+        RolloutStage::Canary => Selection {
+            enforce: stable,
+            shadow: None,
+        },
+        RolloutStage::Shadow => Selection {
+            enforce: stable,
+            shadow: Some(current_version),
+        },
+    }
+}
+
+/// Applies a selection to the running rules. An absent enforced version means
+/// no rules yet (nothing is limited).
+pub fn apply(source: &RuleSource, selection: &Selection) -> Result<(), crate::rules::RuleErrors> {
+    let enforced = match &selection.enforce {
+        Some(v) => v.parse()?,
+        None => RuleSet::default(),
+    };
+    let shadow = match &selection.shadow {
+        Some(v) => Some(v.parse()?.shadowed()),
+        None => None,
+    };
+    source.set(enforced, shadow);
+    gauge!("meridian_rules_version")
+        .set(selection.enforce.as_ref().map_or(0.0, |v| v.number as f64));
+    Ok(())
+}
+
+/// Loads the cached selection written by an earlier run, if any.
+pub fn load_cache(path: &Path) -> Option<Selection> {
+    let text = std::fs::read_to_string(path).ok()?;
+    match serde_json::from_str(&text) {
+        Ok(selection) => Some(selection),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable rules cache");
+            None
+        }
+    }
+}
+
+/// Writes the selection atomically (temp file, fsync, rename): a crash leaves
+/// the old cache or the new one, never half of one.
+pub fn save_cache(path: &Path, selection: &Selection) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(&serde_json::to_vec_pretty(selection).map_err(std::io::Error::other)?)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+pub struct Feed {
+    pub coordinators: Vec<String>,
+    pub region: String,
+    pub cache: PathBuf,
+}
+
+impl Feed {
+    /// Follows the coordinators forever, moving to the next node whenever a
+    /// stream fails; `on_change` runs after every applied update.
+    pub async fn run(self, source: Arc<RuleSource>, on_change: impl Fn()) {
+        let mut backoff = Duration::from_millis(100);
+        for url in self.coordinators.iter().cycle() {
+            match self.follow(url, &source, &on_change).await {
+                Ok(()) => tracing::warn!(%url, "coordinator closed the rule stream"),
+                Err(e) => {
+                    tracing::warn!(%url, error = %e, "coordinator unreachable; keeping the last rules")
+                }
+            }
+            counter!("meridian_coordinator_stream_failures_total").increment(1);
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    async fn follow(
+        &self,
+        url: &str,
+        source: &RuleSource,
+        on_change: &impl Fn(),
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let channel = tonic::transport::Endpoint::from_shared(url.to_string())?
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await?;
+        let mut stream = CoordinatorClient::new(channel)
+            .watch_rules(WatchRulesRequest {
+                region: self.region.clone(),
+            })
+            .await?
+            .into_inner();
+        tracing::info!(%url, "following the coordinator's rules");
+        let mut last: Option<Selection> = None;
+        while let Some(update) = stream.next().await {
+            let selection = select(&update?, &self.region);
+            if last.as_ref() == Some(&selection) {
+                continue;
+            }
+            match apply(source, &selection) {
+                Ok(()) => {
+                    on_change();
+                    tracing::info!(
+                        version = selection.enforce.as_ref().map(|v| v.number),
+                        shadow = selection.shadow.as_ref().map(|v| v.number),
+                        "rules from the coordinator applied"
+                    );
+                    if let Err(e) = save_cache(&self.cache, &selection) {
+                        tracing::warn!(path = %self.cache.display(), error = %e, "cannot write the rules cache");
+                    }
+                    last = Some(selection);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "coordinator sent rules this limiter rejects")
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::meridian::v1::RuleSetFile;
+
+    fn version(number: u64, stage: RolloutStage, canary: &[&str]) -> RuleSetVersion {
+        RuleSetVersion {
+            number,
+            stage: stage as i32,
+            canary_regions: canary.iter().map(|s| s.to_string()).collect(),
+            files: vec![RuleSetFile {
+                name: "r.yaml".into(),
+                text: format!("# v{number}"),
+            }],
+            created_at_unix_ms: 0,
+        }
+    }
+
+    fn numbers(s: &Selection) -> (Option<u64>, Option<u64>) {
+        (
+            s.enforce.as_ref().map(|v| v.number),
+            s.shadow.as_ref().map(|v| v.number),
+        )
+    }
+
+    #[test]
+    fn each_stage_selects_what_the_region_enforces() {
+        let update = |stage, canary: &[&str]| RuleSetUpdate {
+            current: Some(version(3, stage, canary)),
+            stable: Some(version(2, RolloutStage::All, &[])),
+            applied_index: 9,
+        };
+        let all = update(RolloutStage::All, &[]);
+        assert_eq!(numbers(&select(&all, "mumbai")), (Some(3), None));
+        let canary = update(RolloutStage::Canary, &["mumbai"]);
+        assert_eq!(numbers(&select(&canary, "mumbai")), (Some(3), None));
+        assert_eq!(numbers(&select(&canary, "hyderabad")), (Some(2), None));
+        let shadow = update(RolloutStage::Shadow, &[]);
+        assert_eq!(numbers(&select(&shadow, "mumbai")), (Some(2), Some(3)));
+        let empty = RuleSetUpdate::default();
+        assert_eq!(numbers(&select(&empty, "mumbai")), (None, None));
+    }
+
+    #[test]
+    fn cache_round_trips_atomically() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("rules-cache.json");
+        let s = Selection {
+            enforce: Some(CachedVersion {
+                number: 4,
+                files: vec![("a.yaml".into(), "domain: a\n".into())],
+            }),
+            shadow: None,
+        };
+        save_cache(&path, &s).expect("save");
+        assert_eq!(load_cache(&path), Some(s));
+        std::fs::write(&path, "{broken").expect("write");
+        assert_eq!(load_cache(&path), None);
+    }
+}
