@@ -4,6 +4,7 @@
 //! Redis.
 
 pub mod algorithm;
+pub mod bench;
 pub mod coordinator;
 pub mod limiter;
 pub mod proto;

@@ -28,8 +28,8 @@ enum Command {
     Demo,
     /// Replay multi-region traffic in virtual time and measure the bounds.
     Simulate,
-    /// Load-test a limiter and report latency histograms.
-    Bench,
+    /// Load-test a limiter: throughput, latency percentiles, cost per check.
+    Bench(meridian::bench::BenchArgs),
     /// Check and explain rule files.
     Rules(meridian::rules::cli::RulesArgs),
 }
@@ -42,7 +42,9 @@ fn main() -> std::process::ExitCode {
         Command::Ctl => "ctl",
         Command::Demo => "demo",
         Command::Simulate => "simulate",
-        Command::Bench => "bench",
+        Command::Bench(args) => {
+            return run(async { Ok(meridian::bench::run(args).await.map(drop)?) });
+        }
         Command::Rules(args) => return meridian::rules::cli::run(args),
     };
     eprintln!("meridian {name}: not yet implemented");
