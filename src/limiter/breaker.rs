@@ -1,7 +1,11 @@
 //! A circuit breaker in front of the store: after `threshold` consecutive
-//! failures it stops calling a dead Redis for `cool_down` (checks go straight
-//! to the rule's fail mode), then lets one probe through; the probe's outcome
-//! closes it or opens it again.
+//! failures spread over at least `cool_down / 4` it stops calling a dead Redis
+//! for `cool_down` (checks go straight to the rule's fail mode), then lets one
+//! probe through; the probe's outcome closes it or opens it again.
+//!
+//! The time span matters: a single 20 ms stall of a busy Redis fails every call
+//! in flight at once — a hundred "consecutive" failures in one instant — and
+//! must not send every rule to its fail mode for a whole cool-down.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -17,6 +21,8 @@ pub struct Breaker {
 enum State {
     Closed {
         failures: u32,
+        /// When the current run of failures began.
+        since: Option<Instant>,
     },
     Open {
         until: Instant,
@@ -28,7 +34,10 @@ enum State {
 impl Breaker {
     pub fn new(threshold: u32, cool_down: Duration) -> Breaker {
         Breaker {
-            state: Mutex::new(State::Closed { failures: 0 }),
+            state: Mutex::new(State::Closed {
+                failures: 0,
+                since: None,
+            }),
             threshold: threshold.max(1),
             cool_down,
         }
@@ -52,16 +61,30 @@ impl Breaker {
     }
 
     pub fn succeeded(&self) {
-        *self.state() = State::Closed { failures: 0 };
+        *self.state() = State::Closed {
+            failures: 0,
+            since: None,
+        };
     }
 
     pub fn failed(&self, now: Instant) {
         let mut state = self.state();
         *state = match *state {
-            State::Closed { failures } if failures + 1 < self.threshold => State::Closed {
-                failures: failures + 1,
-            },
-            _ => State::Open {
+            State::Closed { failures, since } => {
+                let since = since.unwrap_or(now);
+                let sustained = now.duration_since(since) >= self.cool_down / 4;
+                if failures + 1 >= self.threshold && sustained {
+                    State::Open {
+                        until: now + self.cool_down,
+                    }
+                } else {
+                    State::Closed {
+                        failures: failures + 1,
+                        since: Some(since),
+                    }
+                }
+            }
+            State::Open { .. } | State::Probing => State::Open {
                 until: now + self.cool_down,
             },
         };
@@ -77,14 +100,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn opens_after_threshold_probes_after_cool_down_and_closes_on_success() {
+    fn a_burst_of_failures_in_one_instant_does_not_open_it() {
         let b = Breaker::new(3, Duration::from_secs(1));
         let t = Instant::now();
-        for _ in 0..2 {
-            assert!(b.allow(t));
+        for _ in 0..100 {
             b.failed(t);
         }
+        assert!(!b.is_open(), "one stall is not a dead Redis");
+        b.succeeded();
+        b.failed(t + Duration::from_millis(300));
+        assert!(!b.is_open(), "a success ends the run of failures");
+    }
+
+    #[test]
+    fn opens_after_threshold_probes_after_cool_down_and_closes_on_success() {
+        let b = Breaker::new(3, Duration::from_secs(1));
+        let start = Instant::now();
+        for i in 0..2 {
+            assert!(b.allow(start));
+            b.failed(start + Duration::from_millis(100 * i));
+        }
         assert!(!b.is_open());
+        let t = start + Duration::from_millis(250);
         b.failed(t);
         assert!(b.is_open() && !b.allow(t));
         let later = t + Duration::from_secs(1);

@@ -95,6 +95,11 @@ pub struct LimiterArgs {
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
 
+    /// Redis calls in flight at most per limiter; further checks wait their turn
+    /// (before the Redis deadline starts) instead of all timing out together.
+    #[arg(long, default_value_t = 128)]
+    pub max_redis_in_flight: usize,
+
     /// Keys the local over-limit cache holds at most.
     #[arg(long, default_value_t = 100_000)]
     pub cache_capacity: usize,
@@ -157,6 +162,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
         &EngineConfig {
             pods_in_region: args.pods_in_region,
             cache_capacity: args.cache_capacity,
+            max_in_flight: args.max_redis_in_flight,
             ..EngineConfig::default()
         },
     );

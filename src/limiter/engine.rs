@@ -71,6 +71,11 @@ pub struct EngineConfig {
     pub breaker_threshold: u32,
     /// How long an open breaker waits before letting a probe through.
     pub breaker_cool_down: Duration,
+    /// Store calls in flight at most; more wait here, before their deadline
+    /// starts. Without a cap a burst (say, batches of 100 from several clients)
+    /// queues hundreds of scripts on one connection, they all miss the deadline
+    /// together, and the breaker sends every rule to its fail mode.
+    pub max_in_flight: usize,
 }
 
 impl Default for EngineConfig {
@@ -80,6 +85,7 @@ impl Default for EngineConfig {
             cache_capacity: 100_000,
             breaker_threshold: 5,
             breaker_cool_down: Duration::from_secs(1),
+            max_in_flight: 128,
         }
     }
 }
@@ -90,6 +96,7 @@ pub struct Engine {
     local: MemoryStore,
     cache: OverLimitCache,
     breaker: Breaker,
+    in_flight: tokio::sync::Semaphore,
     pods_in_region: u64,
 }
 
@@ -111,6 +118,7 @@ impl Engine {
             local: MemoryStore::new(),
             cache: OverLimitCache::new(config.cache_capacity),
             breaker: Breaker::new(config.breaker_threshold, config.breaker_cool_down),
+            in_flight: tokio::sync::Semaphore::new(config.max_in_flight.max(1)),
             pods_in_region: config.pods_in_region.max(1),
         }
     }
@@ -180,6 +188,8 @@ impl Engine {
         key: &str,
         cost: u64,
     ) -> Result<Decision, StoreError> {
+        // The semaphore is never closed, so acquiring cannot fail.
+        let _permit = self.in_flight.acquire().await.ok();
         let now = Instant::now();
         if !self.breaker.allow(now) {
             return Err(StoreError::Timeout(Duration::ZERO));
