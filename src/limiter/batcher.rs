@@ -82,6 +82,9 @@ struct Shared {
     failing: AtomicBool,
     /// The shortest `sync_interval` of any rule seen (the flusher's tick), µs.
     tick_us: AtomicI64,
+    /// One flush at a time (the flusher's, or `flush_now`'s): a key has at
+    /// most one delta in flight, which the bound relies on.
+    flushing: tokio::sync::Mutex<()>,
 }
 
 /// One key's view in one window.
@@ -115,6 +118,7 @@ impl Batcher {
             clock_offset_us: AtomicI64::new(0),
             failing: AtomicBool::new(false),
             tick_us: AtomicI64::new(i64::MAX),
+            flushing: tokio::sync::Mutex::new(()),
         });
         let flusher = tokio::spawn(run_flusher(shared.clone()));
         Batcher { shared, flusher }
@@ -135,6 +139,9 @@ impl Batcher {
         {
             return Ok(denied);
         }
+        // Local decisions never wait on I/O: give the flusher and other tasks
+        // their turn when this task has used its budget.
+        tokio::task::consume_budget().await;
         let prefix = key::key_prefix(&limit.rule, key)?;
         self.shared
             .tick_us
@@ -307,6 +314,7 @@ async fn run_flusher(shared: Arc<Shared>) {
 
 /// One flush round: take the due deltas, send them per shard, fold the answers back.
 async fn flush(shared: &Shared, everything: bool) -> Result<(), StoreError> {
+    let _one_at_a_time = shared.flushing.lock().await;
     let now = Instant::now();
     let mut ids = Vec::new();
     let mut deltas = Vec::new();

@@ -208,7 +208,7 @@ impl Engine {
         let decision = self
             .decide_counter(rule, &sub_limit, &sub_key, cost)
             .await?;
-        if decision.allowed || subs.len() == 1 {
+        if decision.allowed || subs.count() == 1 {
             split_selected(
                 rule,
                 if decision.allowed {

@@ -44,7 +44,7 @@ impl<'a> SubCounters<'a> {
         }
     }
 
-    pub fn len(&self) -> u64 {
+    pub fn count(&self) -> u64 {
         self.count
     }
 
@@ -101,7 +101,7 @@ mod tests {
         for (n, k) in [(10_000, 8), (803, 8), (5, 8), (1, 3)] {
             let l = limit(n);
             let subs = SubCounters::new(&l, "k", k);
-            let total: u64 = (0..subs.len())
+            let total: u64 = (0..subs.count())
                 .map(|i| subs.get(i).unwrap().0.params.limit())
                 .sum();
             assert_eq!(total, n as u64, "limit {n} split {k}");
