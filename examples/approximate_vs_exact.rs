@@ -39,7 +39,7 @@ fn command_counts(conn: &mut redis::Connection) -> anyhow::Result<(u64, u64)> {
     for line in info.lines().filter(|l| l.starts_with("cmdstat_")) {
         let name = &line["cmdstat_".len()..line.find(':').unwrap_or(8)];
         let calls: u64 = line
-            .split(|c| c == ':' || c == ',')
+            .split([':', ','])
             .find_map(|f| f.strip_prefix("calls="))
             .and_then(|n| n.parse().ok())
             .unwrap_or(0);
