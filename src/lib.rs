@@ -2,12 +2,17 @@
 //!
 //! The pure core (`algorithm`) decides; `store` keeps the state, embedded or in
 //! Redis.
+//!
+//! Embedding the limiter in a Rust process: [`Limiter`] (see [`library`]).
 
 pub mod algorithm;
 pub mod bench;
 pub mod coordinator;
+pub mod library;
 pub mod limiter;
 pub mod proto;
 pub mod rules;
 pub mod store;
 pub mod telemetry;
+
+pub use library::Limiter;

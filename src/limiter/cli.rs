@@ -249,6 +249,11 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     }
     watcher.abort();
     signals.abort();
+    // Hits admitted on the approximate path and not yet in Redis: hand them
+    // over, or the other pods under-count this pod's last batch.
+    if let Err(e) = limiter.engine.flush_approximate().await {
+        tracing::warn!(error = %e, "approximate path: final flush failed; its hits are lost");
+    }
     Ok(())
 }
 

@@ -1,19 +1,24 @@
 //! The regional hot path, top to bottom in [`Engine::check`]:
-//! unlimited? → local over-limit cache → circuit breaker → store (with its
-//! deadline) → fail mode on store failure → shadow mode → verdict.
+//! unlimited? → local over-limit cache → hot-key split (`split: K`, pick a
+//! sub-counter) → approximate path (in process, `batcher`) or circuit breaker
+//! → store (with its deadline) → fail mode on store failure → shadow mode →
+//! verdict.
 //!
 //! Matching a request to rules happens before (in the API layers, through
 //! `RuleSet::resolve`); the engine decides one (rule, counter key, cost).
 
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
 
+use super::batcher::{self, Batcher, Batching};
 use super::breaker::Breaker;
 use super::cache::OverLimitCache;
+use super::split::SubCounters;
 use crate::algorithm::{Decision, DenyReason, InvalidInput, Params};
-use crate::rules::{FailMode, Rule};
-use crate::store::{AnyStore, Limit, MemoryStore, Store, StoreError};
+use crate::rules::{Accuracy, FailMode, Rule};
+use crate::store::{AnyStore, Limit, MemoryStore, RedisStore, Store, StoreError};
 
 /// How a verdict was reached; reported to clients and counted in metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +97,10 @@ impl Default for EngineConfig {
 
 pub struct Engine {
     store: AnyStore,
+    /// The approximate path's batcher, started by the first approximate check
+    /// (its flusher needs a runtime; `Engine::new` may run outside one). Only
+    /// with Redis: on the embedded store every check is already in process.
+    batcher: OnceLock<Batcher>,
     /// Backs `fail_mode: local`; also counts nothing else.
     local: MemoryStore,
     cache: OverLimitCache,
@@ -115,6 +124,7 @@ impl Engine {
     pub fn new(store: AnyStore, config: &EngineConfig) -> Engine {
         Engine {
             store,
+            batcher: OnceLock::new(),
             local: MemoryStore::new(),
             cache: OverLimitCache::new(config.cache_capacity),
             breaker: Breaker::new(config.breaker_threshold, config.breaker_cool_down),
@@ -157,9 +167,17 @@ impl Engine {
         let (decision, source) = if let Some(until) = self.cache.denied_until(&cache_key, started) {
             (cached_denial(params, until - started), Source::Cache)
         } else {
-            match self.call_store(&limit, check.counter_key, check.cost).await {
+            match self
+                .decide(rule, &limit, check.counter_key, check.cost)
+                .await
+            {
                 Ok(decision) => {
-                    if !decision.allowed && check.cost == 1 && decision.retry_after_us > 0 {
+                    // A split key's denial only says two sub-counters are full.
+                    if !decision.allowed
+                        && check.cost == 1
+                        && decision.retry_after_us > 0
+                        && rule.split <= 1
+                    {
                         let until = started + decision.retry_after();
                         self.cache.deny_until(&cache_key, until, started);
                     }
@@ -178,6 +196,78 @@ impl Engine {
         let verdict = shadow(rule, decision, source);
         record(rule, &verdict, started.elapsed());
         Ok(verdict)
+    }
+
+    /// A key's decision: from one counter, or (`split: K`) from a random
+    /// sub-counter and, when that one denies, one other (see `split`).
+    async fn decide(
+        &self,
+        rule: &Rule,
+        limit: &Limit,
+        key: &str,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        if rule.split <= 1 {
+            return self.decide_counter(rule, limit, key, cost).await;
+        }
+        let subs = SubCounters::new(limit, key, rule.split);
+        let (first, second) = subs.pick_two(&mut rand::rng());
+        let (sub_limit, sub_key) = subs.get(first)?;
+        let decision = self
+            .decide_counter(rule, &sub_limit, &sub_key, cost)
+            .await?;
+        if decision.allowed || subs.count() == 1 {
+            split_selected(
+                rule,
+                if decision.allowed {
+                    "first_ok"
+                } else {
+                    "denied"
+                },
+            );
+            return Ok(subs.whole(decision));
+        }
+        let (sub_limit, sub_key) = subs.get(second)?;
+        let decision = self
+            .decide_counter(rule, &sub_limit, &sub_key, cost)
+            .await?;
+        split_selected(
+            rule,
+            if decision.allowed {
+                "second_ok"
+            } else {
+                "denied"
+            },
+        );
+        Ok(subs.whole(decision))
+    }
+
+    /// One counter: in process on the approximate path, else the store.
+    async fn decide_counter(
+        &self,
+        rule: &Rule,
+        limit: &Limit,
+        key: &str,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        match (approximate(rule, &limit.params), &self.store) {
+            (Some(batching), AnyStore::Redis(redis)) => {
+                self.batcher(redis).check(limit, key, cost, batching).await
+            }
+            _ => self.call_store(limit, key, cost).await,
+        }
+    }
+
+    fn batcher(&self, redis: &RedisStore) -> &Batcher {
+        self.batcher.get_or_init(|| Batcher::start(redis.clone()))
+    }
+
+    /// Sends the approximate path's pending deltas now (tests, benchmarks, shutdown).
+    pub async fn flush_approximate(&self) -> Result<(), StoreError> {
+        match self.batcher.get() {
+            Some(b) => b.flush_now().await,
+            None => Ok(()),
+        }
     }
 
     /// The store call behind the circuit breaker. Store errors other than bad
@@ -234,6 +324,27 @@ impl Engine {
             }
         })
     }
+}
+
+/// The rule's batching when it takes the approximate path (the algorithm must
+/// support it; a descriptor's `limit` override keeps the rule's accuracy).
+fn approximate(rule: &Rule, params: &Params) -> Option<Batching> {
+    let Accuracy::Approximate {
+        sync_interval,
+        max_batch,
+    } = rule.accuracy
+    else {
+        return None;
+    };
+    batcher::supports(params.algorithm()).then(|| Batching {
+        sync_interval,
+        max_batch: max_batch.unwrap_or_else(|| batcher::default_max_batch(params)),
+    })
+}
+
+fn split_selected(rule: &Rule, outcome: &'static str) {
+    counter!("meridian_split_selections_total", "rule" => rule.id.clone(), "outcome" => outcome)
+        .increment(1);
 }
 
 /// This pod's share when each pod of the region limits on its own.

@@ -1,5 +1,6 @@
 //! The regional limiter: the engine (hot path) and the transports around it.
 
+pub mod batcher;
 mod breaker;
 mod cache;
 pub mod cli;
@@ -11,6 +12,7 @@ pub use engine::{Check, Engine, EngineConfig, Source, Verdict};
 pub mod rule_feed;
 pub mod rule_source;
 pub mod service;
+pub mod split;
 
 pub use rule_source::RuleSource;
 pub use service::Limiter;

@@ -50,15 +50,20 @@ pub enum Scope {
     Global,
 }
 
-/// Exact: one atomic script per check. Approximate: local deltas flushed
-/// every `sync_interval` or `max_batch` hits (overshoot ≤ pods × max_batch).
+/// Exact: one atomic script per check. Approximate (fixed_window,
+/// sliding_window_counter, token_bucket): decided in process from the last
+/// global count + local hits, flushed every `sync_interval` or `max_batch`
+/// hits. Bound: admitted ≤ L + pods × max_batch per window (token bucket:
+/// ≤ B + R·T + pods × max_batch); see `limiter::batcher`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Accuracy {
     #[default]
     Exact,
     Approximate {
+        /// Longest a local hit waits before it is flushed (default 50 ms).
         sync_interval: Duration,
-        /// `None`: limit / 100, at least 1.
+        /// Local hits per key that force a flush, and the most a pod may hold
+        /// unseen by others. `None`: limit / 100, at least 1.
         max_batch: Option<u64>,
     },
 }
@@ -97,7 +102,9 @@ pub struct Rule {
     pub fail_mode: FailMode,
     pub scope: Scope,
     pub accuracy: Accuracy,
-    /// Hot-key split into this many sub-counters (1 = no split).
+    /// Hot-key split into this many sub-counters (1 = no split), each with
+    /// limit / K: admitted ≤ L, ≥ L − K × (cost − 1) once demand reaches every
+    /// sub-counter; see `limiter::split`.
     pub split: u32,
     pub partition: Partition,
     /// Share of the static allocation kept when a global rule's lease lapses (0.0–1.0).

@@ -14,6 +14,10 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Script};
 
+mod flush;
+
+pub use flush::{Delta, Flushed, Global, slot};
+
 use super::{Limit, Store, StoreError, key};
 use crate::algorithm::{Algorithm, Decision, DenyReason, Micros, precheck};
 
@@ -61,10 +65,14 @@ impl RedisConfig {
     }
 }
 
+/// Clones share the connection(s): the approximate path's flusher holds one.
+#[derive(Clone)]
 pub struct RedisStore {
     connection: Connection,
     /// One per algorithm, indexed by `Algorithm as usize`; each knows its SHA1.
     scripts: [Script; 5],
+    /// The approximate path's flush (`scripts/approximate_flush.lua`).
+    flush: Script,
     deadline: Duration,
 }
 
@@ -117,6 +125,7 @@ impl RedisStore {
         Ok(RedisStore {
             connection,
             scripts: Algorithm::ALL.map(|a| Script::new(script_source(a))),
+            flush: flush::flush_script(),
             deadline: config.deadline,
         })
     }
@@ -135,6 +144,16 @@ impl RedisStore {
             .map_err(|_| StoreError::Timeout(self.deadline))?
             .map_err(|e| classify(e, self.deadline))?;
         Ok(())
+    }
+
+    /// Whether this store talks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.connection, Connection::Cluster(_))
+    }
+
+    /// The longest one call may take.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
     }
 
     fn script(&self, algorithm: Algorithm) -> &Script {

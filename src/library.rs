@@ -1,0 +1,331 @@
+//! Meridian in process: a Rust gateway embeds the limiter with no extra hop.
+//!
+//! [`Limiter`] is the service's limiter ([`crate::limiter::service::Limiter`]:
+//! same rule files, same matching, same engine with its over-limit cache,
+//! approximate path, hot-key split, fail modes and shadow mode) behind a small
+//! API. Counters live in the store you give it: a [`MemoryStore`] for one
+//! process, or a [`RedisStore`] shared with other pods and with `meridian
+//! limiter` services on the same Redis (they use the same keys).
+//!
+//! ```
+//! use meridian::Limiter;
+//! use meridian::store::MemoryStore;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = Limiter::from_yaml(
+//!     r#"
+//! domain: api
+//! descriptors:
+//!   - key: customer
+//!     rate_limit:
+//!       name: per_customer
+//!       unit: minute
+//!       requests_per_unit: 2
+//! "#,
+//!     MemoryStore::new(),
+//! )?;
+//!
+//! // Envoy-style: a descriptor of (key, value) entries and a cost.
+//! let first = limiter.check("api", &[("customer", "42")], 1).await?.unwrap();
+//! assert!(first.decision.allowed);
+//! assert_eq!(first.decision.remaining, 1);
+//!
+//! // By rule name and key (a named check counts under the key given).
+//! assert!(limiter.check_rule("api", "per_customer", "7", 2).await?.unwrap().decision.allowed);
+//! let denied = limiter.check_rule("api", "per_customer", "7", 1).await?.unwrap();
+//! assert!(!denied.decision.allowed);
+//! assert!(denied.decision.retry_after_us > 0);
+//!
+//! // No rule matches: not limited.
+//! assert!(limiter.check("api", &[("path", "/health")], 1).await?.is_none());
+//! # Ok(())
+//! # }
+//! ```
+
+use std::sync::Arc;
+
+use crate::algorithm::InvalidInput;
+use crate::limiter::service::{self, Descriptor, NativeCheck};
+use crate::limiter::{Engine, EngineConfig, RuleSource, Verdict};
+use crate::rules::{RuleErrors, RuleFile, RuleSet};
+use crate::store::{AnyStore, MemoryStore, RedisStore, StoreError};
+
+/// An in-process rate limiter built from rules and a store.
+pub struct Limiter {
+    inner: service::Limiter,
+}
+
+/// Builds a [`Limiter`]: rules (YAML text, one domain per file), a store,
+/// and engine settings (defaults as in `meridian limiter`).
+#[derive(Default)]
+pub struct Builder {
+    files: Vec<RuleFile>,
+    store: Option<AnyStore>,
+    config: EngineConfig,
+}
+
+/// Why a [`Limiter`] could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("invalid rules:\n{0}")]
+    Rules(#[from] RuleErrors),
+    #[error("no store: call Builder::store")]
+    NoStore,
+}
+
+impl Limiter {
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// One rule file's YAML and a store.
+    pub fn from_yaml(yaml: &str, store: impl Into<AnyStore>) -> Result<Limiter, BuildError> {
+        Limiter::builder()
+            .rules_yaml("rules", yaml)
+            .store(store)
+            .build()
+    }
+
+    /// Decides one descriptor (domain + (key, value) entries), consuming
+    /// `cost` hits (0 = check only). `None` when no rule applies: not limited.
+    pub async fn check(
+        &self,
+        domain: &str,
+        descriptor: &[(&str, &str)],
+        cost: u64,
+    ) -> Result<Option<Verdict>, InvalidInput> {
+        let descriptor = Descriptor {
+            entries: descriptor
+                .iter()
+                .map(|&(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+            limit: None,
+            hits: Some(cost),
+        };
+        let mut outcomes = self.inner.rate_limit(domain, &[descriptor], 1).await?;
+        Ok(outcomes.pop().flatten().map(|o| o.verdict))
+    }
+
+    /// Decides `key` under the rule named `rule` (its `rate_limit.name`) in
+    /// `domain`, consuming `cost` hits (0 = check only). `None` when the
+    /// domain has no such rule.
+    pub async fn check_rule(
+        &self,
+        domain: &str,
+        rule: &str,
+        key: &str,
+        cost: u64,
+    ) -> Result<Option<Verdict>, InvalidInput> {
+        let check = NativeCheck {
+            domain: domain.to_owned(),
+            rule: rule.to_owned(),
+            key: key.to_owned(),
+            descriptor: Vec::new(),
+            cost,
+            check_only: cost == 0,
+        };
+        let mut results = self.inner.check_batch(std::slice::from_ref(&check)).await?;
+        match results.pop() {
+            Some(result) => Ok(result?.map(|o| o.verdict)),
+            None => Ok(None),
+        }
+    }
+
+    /// Swaps the rules (one YAML text per domain); the old ones stay on error.
+    pub fn replace_rules(&self, yamls: &[&str]) -> Result<(), RuleErrors> {
+        self.inner.rules.replace(parse(yamls.iter().copied())?);
+        self.inner.engine.rules_changed();
+        Ok(())
+    }
+
+    /// Sends the approximate path's unflushed hits to Redis now.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.inner.engine.flush_approximate().await
+    }
+
+    /// The service-level limiter underneath (Envoy RLS requests, batches).
+    pub fn service(&self) -> &service::Limiter {
+        &self.inner
+    }
+}
+
+impl Builder {
+    /// Adds one rule file's YAML; `name` appears in error messages.
+    pub fn rules_yaml(mut self, name: &str, yaml: &str) -> Builder {
+        self.files.push(RuleFile {
+            name: name.to_owned(),
+            text: yaml.to_owned(),
+        });
+        self
+    }
+
+    pub fn store(mut self, store: impl Into<AnyStore>) -> Builder {
+        self.store = Some(store.into());
+        self
+    }
+
+    /// Pods sharing the store in this region (`fail_mode: local` enforces limit ÷ pods).
+    pub fn pods_in_region(mut self, pods: u64) -> Builder {
+        self.config.pods_in_region = pods;
+        self
+    }
+
+    pub fn engine_config(mut self, config: EngineConfig) -> Builder {
+        self.config = config;
+        self
+    }
+
+    pub fn build(self) -> Result<Limiter, BuildError> {
+        let store = self.store.ok_or(BuildError::NoStore)?;
+        let rules = RuleSet::parse(&self.files)?;
+        Ok(Limiter {
+            inner: service::Limiter {
+                engine: Engine::new(store, &self.config),
+                rules: Arc::new(RuleSource::fixed(rules)),
+            },
+        })
+    }
+}
+
+fn parse<'a>(yamls: impl Iterator<Item = &'a str>) -> Result<RuleSet, RuleErrors> {
+    let files: Vec<RuleFile> = yamls
+        .enumerate()
+        .map(|(i, text)| RuleFile {
+            name: format!("rules[{i}]"),
+            text: text.to_owned(),
+        })
+        .collect();
+    RuleSet::parse(&files)
+}
+
+impl From<MemoryStore> for AnyStore {
+    fn from(store: MemoryStore) -> AnyStore {
+        AnyStore::Memory(store)
+    }
+}
+
+impl From<RedisStore> for AnyStore {
+    fn from(store: RedisStore) -> AnyStore {
+        AnyStore::Redis(Box::new(store))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RULES: &str = r#"
+domain: api
+descriptors:
+  - key: customer
+    algorithm: sliding_window_counter
+    rate_limit:
+      name: per_customer
+      unit: hour
+      requests_per_unit: 5
+  - key: hot
+    split: 4
+    rate_limit:
+      name: hot
+      unit: hour
+      requests_per_unit: 40
+"#;
+
+    #[tokio::test]
+    async fn library_checks_match_the_service_semantics() {
+        let limiter = Limiter::from_yaml(RULES, MemoryStore::new()).unwrap();
+        for left in (0..5).rev() {
+            let v = limiter
+                .check("api", &[("customer", "1")], 1)
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(v.decision.allowed);
+            assert_eq!(v.decision.remaining, left);
+        }
+        let v = limiter
+            .check("api", &[("customer", "1")], 1)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!v.decision.allowed);
+        assert_eq!(v.reason(), "over_limit");
+        // Check-only does not consume; another key has its own counter.
+        let peek = limiter
+            .check("api", &[("customer", "2")], 0)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(peek.decision.remaining, 5);
+        assert!(
+            limiter
+                .check("api", &[("customer", "2")], 5)
+                .await
+                .unwrap()
+                .unwrap()
+                .decision
+                .allowed
+        );
+        // Unknown domain or rule: not limited; bad input: an error naming the field.
+        assert!(
+            limiter
+                .check("other", &[("customer", "1")], 1)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            limiter
+                .check_rule("api", "nope", "k", 1)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(
+            limiter
+                .check("", &[("customer", "1")], 1)
+                .await
+                .unwrap_err()
+                .field,
+            "domain"
+        );
+    }
+
+    #[tokio::test]
+    async fn split_key_admits_exactly_its_limit_in_memory() {
+        let limiter = Limiter::from_yaml(RULES, MemoryStore::new()).unwrap();
+        let mut admitted = 0;
+        for _ in 0..200 {
+            let v = limiter
+                .check_rule("api", "hot", "k", 1)
+                .await
+                .unwrap()
+                .unwrap();
+            admitted += u64::from(v.decision.allowed);
+            assert_eq!(v.decision.limit, 40);
+        }
+        assert_eq!(admitted, 40);
+    }
+
+    #[tokio::test]
+    async fn invalid_rules_are_refused_and_replacing_keeps_the_old() {
+        assert!(matches!(
+            Limiter::from_yaml("domain: [", MemoryStore::new()),
+            Err(BuildError::Rules(_))
+        ));
+        assert!(matches!(
+            Limiter::builder().build(),
+            Err(BuildError::NoStore)
+        ));
+        let limiter = Limiter::from_yaml(RULES, MemoryStore::new()).unwrap();
+        assert!(limiter.replace_rules(&["domain: ["]).is_err());
+        assert!(
+            limiter
+                .check_rule("api", "hot", "k", 1)
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
+}
