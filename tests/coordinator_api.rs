@@ -54,6 +54,32 @@ async fn bad_input_gets_clear_errors_and_cluster_keeps_working() {
         .expect("answer");
     assert_eq!(r.status(), 401);
 
+    // A limit below the floor on a counter every caller shares: 422 naming the
+    // field and line (the harness runs nodes with --shared-rule-floor 60).
+    let below = "domain: api\ndescriptors:\n  - key: path\n    value: /login\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let (status, body) = cluster
+        .send(
+            via,
+            Method::PUT,
+            "/api/v1/rules",
+            Some(json!({ "files": { "floor.yaml": below } })),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+    let issue = &body["issues"][0];
+    assert_eq!(
+        (issue["file"].as_str(), issue["line"].as_u64()),
+        (Some("floor.yaml"), Some(5)),
+        "{body}"
+    );
+    assert_eq!(issue["field"], "requests_per_unit");
+    assert!(
+        issue["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("floor")),
+        "{body}"
+    );
+
     // Invalid YAML: 422 naming the file and line.
     let (status, body) = cluster
         .send(

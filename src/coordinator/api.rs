@@ -40,6 +40,8 @@ const DRAIN_LIMIT_BYTES: usize = 64 * 1024 * 1024;
 pub struct Api {
     pub node: Arc<Node>,
     pub prometheus: PrometheusHandle,
+    /// `--shared-rule-floor`: see `validation::validate`.
+    pub shared_rule_floor: f64,
 }
 
 /// An error answer: status plus `{"error": message, ...details}`.
@@ -464,7 +466,7 @@ async fn put_rules(State(api): State<Api>, headers: HeaderMap, request_body: Bod
             text: text.clone(),
         })
         .collect();
-    if let Err(issues) = validate(&rule_files) {
+    if let Err(issues) = validate(&rule_files, api.shared_rule_floor) {
         return Err(
             ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid rules")
                 .with("issues", json!(issues)),

@@ -73,6 +73,13 @@ pub struct CoordinatorArgs {
     /// followers catch up from the log instead of a snapshot.
     #[arg(long, default_value_t = 1000)]
     pub snapshot_keep_logs: u64,
+
+    /// Least a rule whose one counter every caller shares (all levels exact
+    /// values, e.g. `path: /login`) may allow, in requests per minute: a PUT
+    /// below it is refused (422), catching a limit that would throttle all
+    /// traffic at once. 0 turns the check off.
+    #[arg(long, default_value_t = 0.0)]
+    pub shared_rule_floor: f64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -269,6 +276,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
     let router = api::router(Api {
         node: Arc::clone(&node),
         prometheus: prometheus.clone(),
+        shared_rule_floor: args.shared_rule_floor,
     });
     let http_server = tokio::spawn(
         axum::serve(http_listener, router)

@@ -18,7 +18,12 @@ pub struct ValidationIssue {
 }
 
 /// Validates a rule set given as files; returns every issue found.
-pub fn validate(files: &[RuleFile]) -> Result<(), Vec<ValidationIssue>> {
+/// `shared_floor_per_minute` (0 = off) is the least a rule whose one counter is
+/// shared by every caller may allow, normalised to a minute.
+pub fn validate(
+    files: &[RuleFile],
+    shared_floor_per_minute: f64,
+) -> Result<(), Vec<ValidationIssue>> {
     let mut issues = Vec::new();
     if files.is_empty() {
         issues.push(ValidationIssue {
@@ -28,13 +33,32 @@ pub fn validate(files: &[RuleFile]) -> Result<(), Vec<ValidationIssue>> {
             reason: "a rule set needs at least one file".into(),
         });
     }
-    if let Err(errors) = RuleSet::parse(files) {
-        issues.extend(errors.0.into_iter().map(|e| ValidationIssue {
+    match RuleSet::parse(files) {
+        Err(errors) => issues.extend(errors.0.into_iter().map(|e| ValidationIssue {
             file: e.file,
             line: e.line,
             field: e.field,
             reason: e.reason,
-        }));
+        })),
+        Ok(set) if shared_floor_per_minute > 0.0 => {
+            for rule in set.rules().filter(|r| r.counts_all_callers_together()) {
+                let Some(params) = &rule.params else { continue };
+                let per_minute = params.limit() as f64 * 60.0 / params.period().as_secs_f64();
+                if per_minute < shared_floor_per_minute {
+                    issues.push(ValidationIssue {
+                        file: rule.file.clone(),
+                        line: rule.line,
+                        field: "requests_per_unit".into(),
+                        reason: format!(
+                            "below the floor for a rule whose one counter every caller shares \
+                             (no key-only or wildcard level): allows {per_minute:.2} per minute, \
+                             the floor is {shared_floor_per_minute} (--shared-rule-floor)"
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(_) => {}
     }
     if issues.is_empty() {
         Ok(())
@@ -57,12 +81,12 @@ mod tests {
     #[test]
     fn accepts_envoy_style_file() {
         let text = "domain: api\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: minute\n      requests_per_unit: 10\n";
-        assert_eq!(validate(&file(text)), Ok(()));
+        assert_eq!(validate(&file(text), 0.0), Ok(()));
     }
 
     #[test]
     fn reports_yaml_errors_with_line() {
-        let issues = validate(&file("domain: api\ndescriptors: [\n")).unwrap_err();
+        let issues = validate(&file("domain: api\ndescriptors: [\n"), 0.0).unwrap_err();
         assert_eq!(issues.len(), 1);
         assert_eq!(issues[0].file, "a.yaml");
         assert!(issues[0].line >= 2, "{issues:?}");
@@ -71,7 +95,7 @@ mod tests {
 
     #[test]
     fn reports_missing_domain_and_unknown_fields() {
-        let issues = validate(&file("descriptors: []\ndomian: api\n")).unwrap_err();
+        let issues = validate(&file("descriptors: []\ndomian: api\n"), 0.0).unwrap_err();
         assert!(
             issues
                 .iter()
@@ -81,9 +105,27 @@ mod tests {
     }
 
     #[test]
+    fn shared_counters_below_the_floor_are_refused() {
+        let text = "domain: api\ndescriptors:\n  - key: path\n    value: /login\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+        let issues = validate(&file(text), 10.0).unwrap_err();
+        assert_eq!(
+            issues.len(),
+            1,
+            "only the shared /login counter: {issues:?}"
+        );
+        assert_eq!(
+            (issues[0].line, issues[0].field.as_str()),
+            (5, "requests_per_unit")
+        );
+        assert!(issues[0].reason.contains("floor"));
+        assert_eq!(validate(&file(text), 5.0), Ok(()));
+        assert_eq!(validate(&file(text), 0.0), Ok(()));
+    }
+
+    #[test]
     fn rejects_empty_domain_and_empty_set() {
-        assert!(validate(&file("domain: ''\n")).is_err());
-        assert!(validate(&[]).is_err());
-        assert!(validate(&file("  \n")).is_err());
+        assert!(validate(&file("domain: ''\n"), 0.0).is_err());
+        assert!(validate(&[], 0.0).is_err());
+        assert!(validate(&file("  \n"), 0.0).is_err());
     }
 }

@@ -218,3 +218,18 @@ impl Accuracy {
         }
     }
 }
+
+impl Rule {
+    /// Whether one counter serves every caller the rule matches: every level of
+    /// its path names an exact value (no key-only or wildcard level, which count
+    /// each value apart). Such a rule set too low throttles all traffic at once,
+    /// so the coordinator can hold it to a floor. Reads the path from `id`,
+    /// which `parse.rs` builds as `domain|key[=value]|…` with `|`, `=` and `%`
+    /// escaped inside keys and values (and `*` only ever in a glob value).
+    pub fn counts_all_callers_together(&self) -> bool {
+        self.id
+            .split('|')
+            .skip(1)
+            .all(|level| level.contains('=') && !level.contains('*'))
+    }
+}

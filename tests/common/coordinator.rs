@@ -20,6 +20,8 @@ pub struct Options {
     pub election_timeout_ms: u64,
     pub snapshot_logs: u64,
     pub snapshot_keep_logs: u64,
+    /// `--shared-rule-floor`, requests per minute (0 = off).
+    pub shared_rule_floor: f64,
 }
 
 impl Default for Options {
@@ -31,6 +33,7 @@ impl Default for Options {
             election_timeout_ms: 1000,
             snapshot_logs: 5000,
             snapshot_keep_logs: 1000,
+            shared_rule_floor: 60.0,
         }
     }
 }
@@ -167,6 +170,7 @@ impl Cluster {
             .args(["--election-timeout-ms", &o.election_timeout_ms.to_string()])
             .args(["--snapshot-logs", &o.snapshot_logs.to_string()])
             .args(["--snapshot-keep-logs", &o.snapshot_keep_logs.to_string()])
+            .args(["--shared-rule-floor", &o.shared_rule_floor.to_string()])
             .args(extra)
             .env("RUST_LOG", "info,openraft=warn")
             .stdin(Stdio::null())
