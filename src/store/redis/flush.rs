@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use redis::Script;
 
-use super::{Connection, RedisStore, classify};
+use super::{Connection, RedisStore};
 use crate::algorithm::{Algorithm, Micros, Params};
 use crate::store::StoreError;
 
@@ -89,17 +89,7 @@ impl RedisStore {
                 .arg(scale.capacity)
                 .arg(p.ttl_floor_us());
         }
-        let call = async {
-            match self.connection.clone() {
-                Connection::Standalone(mut c) => invocation.invoke_async(&mut c).await,
-                Connection::Cluster(mut c) => invocation.invoke_async(&mut c).await,
-            }
-        };
-        let reply: Vec<i64> = tokio::time::timeout(self.deadline, call)
-            .await
-            .map_err(|_| StoreError::Timeout(self.deadline))?
-            .map_err(|e| classify(e, self.deadline))?;
-        flushed_from_reply(deltas, &reply)
+        flushed_from_reply(deltas, &self.invoke(&invocation).await?)
     }
 }
 

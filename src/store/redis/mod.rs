@@ -208,17 +208,25 @@ impl RedisStore {
             .arg(scale.refill)
             .arg(scale.capacity)
             .arg(params.ttl_floor_us());
+        decision_from_reply(&self.invoke(&invocation).await?)
+    }
+
+    /// Runs a prepared script on the node that owns its first key, within the
+    /// deadline, with errors classified.
+    pub(crate) async fn invoke(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<Vec<i64>, StoreError> {
         let call = async {
             match self.connection.clone() {
                 Connection::Standalone(mut c) => invocation.invoke_async(&mut c).await,
                 Connection::Cluster(mut c) => invocation.invoke_async(&mut c).await,
             }
         };
-        let reply: Vec<i64> = tokio::time::timeout(self.deadline, call)
+        tokio::time::timeout(self.deadline, call)
             .await
             .map_err(|_| StoreError::Timeout(self.deadline))?
-            .map_err(|e| classify(e, self.deadline))?;
-        decision_from_reply(&reply)
+            .map_err(|e| classify(e, self.deadline))
     }
 }
 
