@@ -50,7 +50,7 @@ pub const DEFAULT_CONCURRENCY: usize = 16;
       meridian bench --api grpc --domain bench --rule per-customer --batch 100 --connections 2\n  \
       meridian bench --api http --target http://127.0.0.1:8080 --domain bench \
       --descriptor 'customer={key}' --rate 5000 --dist zipf:1.1\n  \
-      meridian bench ... --redis redis://127.0.0.1:6379 --server-pid $(pidof meridian) --json"
+      meridian bench ... --redis redis://REDIS_HOST:PORT --server-pid $(pidof meridian) --json"
 )]
 pub struct BenchArgs {
     /// API to drive: rls = envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit (any Envoy
