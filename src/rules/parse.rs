@@ -23,7 +23,7 @@ pub(super) struct ParsedFile {
 
 const TOP_FIELDS: &[&str] = &["domain", "descriptors"];
 
-/// Envoy's descriptor fields, then Meridian's (siblings of `rate_limit`).
+/// Envoy's descriptor fields; Meridian's (`LIMIT_FIELDS`) are their siblings.
 const DESCRIPTOR_FIELDS: &[&str] = &[
     "key",
     "value",
@@ -35,17 +35,6 @@ const DESCRIPTOR_FIELDS: &[&str] = &[
     "share_threshold",
     "quota_mode",
     "metadata",
-    "algorithm",
-    "burst",
-    "period",
-    "fail_mode",
-    "scope",
-    "accuracy",
-    "sync_interval",
-    "max_batch",
-    "split",
-    "partition",
-    "fallback",
 ];
 
 /// Meridian's fields: they shape a limit, so they need a limited `rate_limit`.
@@ -106,7 +95,7 @@ pub(super) fn parse_file(file: &RuleFile, errors: &mut Vec<RuleError>) -> Option
         cx.err(line(&root), "yaml", "the top level must be a map");
         return None;
     };
-    cx.check_fields(top, TOP_FIELDS, "the top level");
+    cx.check_fields(top, &[TOP_FIELDS], "the top level");
     let domain = match top.get_node("domain") {
         None => {
             cx.err(
@@ -241,15 +230,16 @@ impl Cx<'_> {
     }
 
     /// Reports every field of `map` not in `allowed`.
-    fn check_fields(&mut self, map: &MarkedMappingNode, allowed: &[&str], place: &str) {
+    /// `allowed`: the accepted field lists, in the order the message names them.
+    fn check_fields(&mut self, map: &MarkedMappingNode, allowed: &[&[&str]], place: &str) {
         for (k, _) in map.iter() {
-            if !allowed.contains(&k.as_str()) {
+            if !allowed.iter().any(|list| list.contains(&k.as_str())) {
                 self.err(
                     scalar_line(k),
                     k.as_str(),
                     format!(
                         "unknown field in {place}; expected one of: {}",
-                        allowed.join(", ")
+                        allowed.concat().join(", ")
                     ),
                 );
             }
@@ -362,7 +352,7 @@ impl Cx<'_> {
         level: &mut Level,
     ) {
         let at = map.span().start().map_or(1, |m| m.line());
-        self.check_fields(map, DESCRIPTOR_FIELDS, "a descriptor");
+        self.check_fields(map, &[DESCRIPTOR_FIELDS, LIMIT_FIELDS], "a descriptor");
         let get = |f: &str| map.get_node(f);
 
         let key = match get("key") {
@@ -509,7 +499,7 @@ impl Cx<'_> {
             );
             return None;
         };
-        self.check_fields(map, RATE_LIMIT_FIELDS, "rate_limit");
+        self.check_fields(map, &[RATE_LIMIT_FIELDS], "rate_limit");
         let get = |f: &str| map.get_node(f).filter(|n| !is_null(n));
         let mut spec = RateLimitSpec {
             line: at,
@@ -596,7 +586,7 @@ impl Cx<'_> {
                 );
                 continue;
             };
-            self.check_fields(map, &["name"], "a replaces entry");
+            self.check_fields(map, &[&["name"]], "a replaces entry");
             let name = map
                 .get_node("name")
                 .filter(|n| !is_null(n))
