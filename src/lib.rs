@@ -6,6 +6,7 @@
 //! Embedding the limiter in a Rust process: [`Limiter`] (see [`library`]).
 
 pub mod algorithm;
+pub mod allocation;
 pub mod bench;
 pub mod coordinator;
 pub mod library;

@@ -1,0 +1,375 @@
+//! Global limits: how one limit `L` is divided between regions (DESIGN §4).
+//!
+//! Pure — no I/O, no clock, no async — so the coordinator, the limiter and the
+//! simulator run the same code:
+//! - [`Allocations`] is the replicated state: per global rule a rule-level
+//!   split and per-key entries, each a [`Slot`] per region, plus every
+//!   region's lease. It changes only through [`Allocations::apply`] with an
+//!   [`EpochDelta`], so a Raft log of deltas rebuilds it on every node.
+//! - [`rebalance::rebalance`] computes the next state from the current one,
+//!   smoothed demand and acknowledgements; [`Allocations::diff`] turns it into
+//!   the delta that is committed.
+//! - [`demand`] smooths reports (EWMA) and tracks which epoch each pod holds.
+//! - [`table`] is the limiter's side: the allocation one region enforces, with
+//!   epoch fencing, window-boundary switching and lease fallback.
+//!
+//! ## The invariant
+//! A slot's `bound` is the most its region may still be enforcing: the
+//! largest value published to it since the last epoch it acknowledged.
+//! Grants come only out of `L − Σ bound`, so the values in force anywhere sum
+//! to at most `L` in every transition (shrink before grow).
+
+pub mod demand;
+pub mod rebalance;
+pub mod table;
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::rules::Partition;
+
+/// Allocation epoch number; every committed delta increments it.
+pub type Epoch = u64;
+/// Unix time in milliseconds (the coordinator leader's clock, carried in
+/// commands so every node applies the same value).
+pub type Millis = i64;
+
+/// How many epochs [`Allocations::history`] keeps.
+pub const HISTORY_EPOCHS: usize = 100;
+/// Changed slots one history record keeps at most.
+pub const HISTORY_CHANGES: usize = 200;
+
+/// A region's state as the operator set it (mirrors the registry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RegionStatus {
+    Active,
+    /// Its share moves away: it keeps only its floor.
+    Draining,
+    /// It gets nothing new (what it may still enforce stays reserved).
+    Failed,
+}
+
+/// Rebalancer knobs. Durations in milliseconds; fractions 0.0–1.0.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Config {
+    /// How long an allocation stays valid without renewal.
+    pub lease_ms: i64,
+    /// `partition: available`: silence after which a region's share above its
+    /// fallback is re-granted (shorter than the lease).
+    pub suspect_after_ms: i64,
+    /// Added to a lease before the centre treats it as lapsed (clock skew
+    /// between the coordinator and regions).
+    pub skew_margin_ms: i64,
+    /// EWMA weight of the newest demand sample (1.0 = no smoothing).
+    pub ewma_alpha: f64,
+    /// Demand is inflated by this fraction before water-filling, so a region
+    /// has room to grow before it is throttled.
+    pub headroom: f64,
+    /// Every active region keeps this fraction of its static (weight) share.
+    pub floor: f64,
+    /// Changes smaller than this fraction of `L` in every region are ignored.
+    pub hysteresis: f64,
+    /// Most of `L` moved into or out of one region per epoch; `None` = no cap.
+    pub max_shift: Option<f64>,
+    /// Keys with their own entry per rule, at most (the top keys by demand).
+    pub max_key_entries: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            lease_ms: 180_000,
+            suspect_after_ms: 30_000,
+            skew_margin_ms: 1_000,
+            ewma_alpha: 0.5,
+            headroom: 0.1,
+            floor: 0.1,
+            hysteresis: 0.02,
+            max_shift: None,
+            max_key_entries: 1_000,
+        }
+    }
+}
+
+/// What the rebalancer needs of a region this round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RegionInput {
+    pub name: String,
+    /// Relative static share (> 0).
+    pub weight: f64,
+    pub status: RegionStatus,
+    /// When any of its pods last reported or acknowledged.
+    pub last_heard_ms: Option<Millis>,
+    /// The newest epoch every recently heard pod of the region holds.
+    pub acked: Option<Epoch>,
+}
+
+/// What the rebalancer needs of a global rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RulePolicy {
+    pub rule: String,
+    /// The world-wide limit per period.
+    pub limit: u64,
+    pub partition: Partition,
+    /// Share of the static allocation a region keeps when its lease lapses.
+    pub fallback: f64,
+}
+
+/// One region's allocation within a rule or key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Slot {
+    /// Published to the region: what it enforces once it holds the epoch.
+    pub granted: u64,
+    /// The most the region may still enforce (≥ `granted`): a shrink counts at
+    /// the old value until the region acknowledges the epoch that carried it.
+    pub bound: u64,
+    /// Where the rebalancer wants `granted` to go.
+    pub target: u64,
+    /// The epoch that last changed `granted`.
+    pub since: Epoch,
+}
+
+/// Region name → slot.
+pub type Shares = BTreeMap<String, Slot>;
+
+/// A key whose regional mix differs enough from its rule's split to get its own.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct KeyAllocation {
+    pub shares: Shares,
+    /// Smoothed demand per region, hits per period.
+    pub demand: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RuleAllocation {
+    pub limit: u64,
+    /// What each region falls to when its lease lapses (and what the centre
+    /// keeps reserved for it then).
+    pub fallback: BTreeMap<String, u64>,
+    /// Used by every key without an entry of its own.
+    pub split: Shares,
+    /// Smoothed demand per region (all keys), hits per period.
+    pub demand: BTreeMap<String, f64>,
+    pub keys: BTreeMap<String, KeyAllocation>,
+}
+
+/// A region's lease and what the centre knows of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RegionLease {
+    /// The latest `valid_until` published to the region.
+    pub valid_until_ms: Millis,
+    /// The newest epoch the whole region acknowledged.
+    pub acked: Epoch,
+    pub last_heard_ms: Millis,
+}
+
+/// One epoch in the history the admin API shows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EpochRecord {
+    pub epoch: Epoch,
+    pub at_ms: Millis,
+    /// Changed grants: (rule, key or None for the rule's split, region, granted).
+    pub changes: Vec<(String, Option<String>, String, u64)>,
+}
+
+/// The replicated allocation state.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Allocations {
+    pub epoch: Epoch,
+    pub at_ms: Millis,
+    pub regions: BTreeMap<String, RegionLease>,
+    pub rules: BTreeMap<String, RuleAllocation>,
+    pub history: VecDeque<EpochRecord>,
+}
+
+/// What changed between two states: committed through Raft as one command.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct EpochDelta {
+    pub epoch: Epoch,
+    pub at_ms: Millis,
+    /// New or changed leases; `None` removes the region.
+    pub regions: Vec<(String, Option<RegionLease>)>,
+    /// New or changed rules; `None` removes the rule.
+    pub rules: Vec<(String, Option<RuleDelta>)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RuleDelta {
+    pub limit: u64,
+    pub fallback: BTreeMap<String, u64>,
+    /// The whole split, when any slot of it changed.
+    pub split: Option<Shares>,
+    pub demand: Option<BTreeMap<String, f64>>,
+    /// Changed key entries; `None` removes the entry.
+    pub keys: Vec<(String, Option<KeyAllocation>)>,
+}
+
+impl Allocations {
+    /// What `region` enforces for `key` of `rule`: the key's entry or the split.
+    pub fn slot(&self, rule: &str, key: &str, region: &str) -> Option<&Slot> {
+        let r = self.rules.get(rule)?;
+        match r.keys.get(key) {
+            Some(entry) => entry.shares.get(region),
+            None => r.split.get(region),
+        }
+    }
+
+    /// The delta that turns `self` into `next`; `next.epoch` must be newer.
+    pub fn diff(&self, next: &Allocations) -> EpochDelta {
+        let mut delta = EpochDelta {
+            epoch: next.epoch,
+            at_ms: next.at_ms,
+            ..EpochDelta::default()
+        };
+        for (name, lease) in &next.regions {
+            if self.regions.get(name) != Some(lease) {
+                delta.regions.push((name.clone(), Some(*lease)));
+            }
+        }
+        for name in self.regions.keys() {
+            if !next.regions.contains_key(name) {
+                delta.regions.push((name.clone(), None));
+            }
+        }
+        for (id, rule) in &next.rules {
+            let old = self.rules.get(id);
+            let mut rd = RuleDelta {
+                limit: rule.limit,
+                fallback: rule.fallback.clone(),
+                split: (old.map(|o| &o.split) != Some(&rule.split)).then(|| rule.split.clone()),
+                demand: (old.map(|o| &o.demand) != Some(&rule.demand)).then(|| rule.demand.clone()),
+                keys: Vec::new(),
+            };
+            for (key, entry) in &rule.keys {
+                if old.and_then(|o| o.keys.get(key)) != Some(entry) {
+                    rd.keys.push((key.clone(), Some(entry.clone())));
+                }
+            }
+            if let Some(old) = old {
+                for key in old.keys.keys() {
+                    if !rule.keys.contains_key(key) {
+                        rd.keys.push((key.clone(), None));
+                    }
+                }
+            }
+            let unchanged = old
+                .is_some_and(|o| o.limit == rule.limit && o.fallback == rule.fallback)
+                && rd.split.is_none()
+                && rd.demand.is_none()
+                && rd.keys.is_empty();
+            if !unchanged {
+                delta.rules.push((id.clone(), Some(rd)));
+            }
+        }
+        for id in self.rules.keys() {
+            if !next.rules.contains_key(id) {
+                delta.rules.push((id.clone(), None));
+            }
+        }
+        delta
+    }
+
+    /// Applies a committed delta. Deltas not newer than the state are ignored
+    /// (a replayed log entry), so applying is idempotent.
+    pub fn apply(&mut self, delta: &EpochDelta) {
+        if delta.epoch <= self.epoch {
+            return;
+        }
+        self.epoch = delta.epoch;
+        self.at_ms = delta.at_ms;
+        for (name, lease) in &delta.regions {
+            match lease {
+                Some(l) => {
+                    self.regions.insert(name.clone(), *l);
+                }
+                None => {
+                    self.regions.remove(name);
+                }
+            }
+        }
+        let mut record = EpochRecord {
+            epoch: delta.epoch,
+            at_ms: delta.at_ms,
+            changes: Vec::new(),
+        };
+        for (id, rd) in &delta.rules {
+            let Some(rd) = rd else {
+                self.rules.remove(id);
+                continue;
+            };
+            let rule = self.rules.entry(id.clone()).or_default();
+            rule.limit = rd.limit;
+            rule.fallback = rd.fallback.clone();
+            if let Some(split) = &rd.split {
+                note_changes(&mut record, id, None, &rule.split, split);
+                rule.split = split.clone();
+            }
+            if let Some(demand) = &rd.demand {
+                rule.demand = demand.clone();
+            }
+            for (key, entry) in &rd.keys {
+                match entry {
+                    Some(e) => {
+                        let empty = Shares::new();
+                        let old = rule.keys.get(key).map_or(&empty, |o| &o.shares);
+                        note_changes(&mut record, id, Some(key), old, &e.shares);
+                        rule.keys.insert(key.clone(), e.clone());
+                    }
+                    None => {
+                        rule.keys.remove(key);
+                    }
+                }
+            }
+        }
+        if !record.changes.is_empty() {
+            self.history.push_back(record);
+            while self.history.len() > HISTORY_EPOCHS {
+                self.history.pop_front();
+            }
+        }
+    }
+}
+
+fn note_changes(
+    record: &mut EpochRecord,
+    rule: &str,
+    key: Option<&String>,
+    old: &Shares,
+    new: &Shares,
+) {
+    for (region, slot) in new {
+        if record.changes.len() >= HISTORY_CHANGES {
+            return;
+        }
+        if old.get(region).map(|s| s.granted) != Some(slot.granted) {
+            record
+                .changes
+                .push((rule.to_string(), key.cloned(), region.clone(), slot.granted));
+        }
+    }
+}
+
+/// Each region's static share of `limit` by weight (floor of the exact share).
+pub fn static_shares(limit: u64, regions: &[RegionInput]) -> Vec<u64> {
+    let total: f64 = regions.iter().map(|r| r.weight.max(0.0)).sum();
+    regions
+        .iter()
+        .map(|r| {
+            if total <= 0.0 {
+                0
+            } else {
+                (limit as f64 * r.weight.max(0.0) / total).floor() as u64
+            }
+        })
+        .collect()
+}
+
+/// What a region falls to when its lease lapses: `fallback` × its static share.
+pub fn fallback_share(static_share: u64, fallback: f64) -> u64 {
+    (static_share as f64 * fallback.clamp(0.0, 1.0)).floor() as u64
+}
+
+#[cfg(test)]
+mod tests;

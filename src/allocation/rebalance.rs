@@ -1,0 +1,570 @@
+//! The rebalancer: one pure function from (state, demand, acknowledgements,
+//! time) to the next state. The coordinator's leader and the simulator call
+//! the same [`rebalance`].
+//!
+//! Per global rule, every round:
+//! 1. leases: regions heard from within `suspect_after` are renewed to
+//!    `now + lease`; acknowledgements release the old values of shrinks
+//!    (`bound` falls to `granted`);
+//! 2. lapsed regions (strict: lease expired plus the skew margin; available:
+//!    silent longer than `suspect_after`) are capped at their fallback share,
+//!    which stays reserved;
+//! 3. targets (full rounds only): smoothed demand plus headroom →
+//!    weighted max-min water-filling over the capacity left, above per-region
+//!    floors; draining regions keep their floor, failed ones get nothing new;
+//!    hysteresis ignores small moves; `max_shift` optionally caps a move.
+//!    The rule-level split follows the aggregate regional mix; the top keys
+//!    whose own mix differs get entries;
+//! 4. transition: shrinks are published at once, grows only out of
+//!    `L − Σ bound`, i.e. capacity whose release the shrinking regions have
+//!    acknowledged. Σ `bound` ≤ L therefore holds in every epoch.
+
+use std::collections::BTreeMap;
+
+use super::demand::DemandTracker;
+use super::{
+    Allocations, Config, Epoch, KeyAllocation, Millis, RegionInput, RegionLease, RegionStatus,
+    RuleAllocation, RulePolicy, Shares, Slot, fallback_share, static_shares,
+};
+use crate::rules::Partition;
+
+/// The inputs of one round. `regions` and `rules` list everything that
+/// exists; rules missing from `rules` are dropped from the state.
+pub struct Round<'a> {
+    pub now_ms: Millis,
+    pub regions: &'a [RegionInput],
+    pub rules: &'a [RulePolicy],
+    /// `Some`: a full round that recomputes targets from this demand.
+    /// `None`: a transition round (acknowledgements arrived): targets stay,
+    /// released capacity is granted.
+    pub demand: Option<&'a DemandTracker>,
+}
+
+/// The next state. Its epoch is one more than `state`'s; commit
+/// `state.diff(&next)` unless it changes nothing (see [`is_noop`]).
+pub fn rebalance(state: &Allocations, round: &Round<'_>, config: &Config) -> Allocations {
+    let mut next = state.clone();
+    next.epoch = state.epoch + 1;
+    next.at_ms = round.now_ms;
+    let epoch = next.epoch;
+    let now = round.now_ms;
+
+    // Leases and acknowledgements.
+    let mut acked: BTreeMap<&str, Epoch> = BTreeMap::new();
+    next.regions
+        .retain(|name, _| round.regions.iter().any(|r| &r.name == name));
+    for region in round.regions {
+        let lease = next.regions.entry(region.name.clone()).or_default();
+        if let Some(heard) = region.last_heard_ms {
+            lease.last_heard_ms = lease.last_heard_ms.max(heard);
+        }
+        if let Some(a) = region.acked {
+            lease.acked = lease.acked.max(a.min(state.epoch));
+        }
+        let live =
+            region.last_heard_ms.is_some() && lease.last_heard_ms >= now - config.suspect_after_ms;
+        if live && round.demand.is_some() {
+            lease.valid_until_ms = lease.valid_until_ms.max(now + config.lease_ms);
+        }
+        acked.insert(region.name.as_str(), lease.acked);
+    }
+
+    next.rules
+        .retain(|id, _| round.rules.iter().any(|p| &p.rule == id));
+    let mut scratch = Scratch::default();
+    for policy in round.rules {
+        let view = RegionsView::new(round.regions, &next.regions, policy, now, config);
+        let rule = next.rules.entry(policy.rule.clone()).or_default();
+        rule.limit = policy.limit;
+        rule.fallback = round
+            .regions
+            .iter()
+            .zip(&view.fallback)
+            .map(|(r, f)| (r.name.clone(), *f))
+            .collect();
+        step_rule(
+            rule,
+            policy,
+            &view,
+            round,
+            &acked,
+            epoch,
+            config,
+            &mut scratch,
+        );
+    }
+    next
+}
+
+/// True when `next` changes nothing but the epoch number and clocks, so it
+/// need not be committed.
+pub fn is_noop(state: &Allocations, next: &Allocations) -> bool {
+    let d = state.diff(next);
+    d.rules.is_empty()
+        && d.regions
+            .iter()
+            .all(|(name, lease)| match (lease, state.regions.get(name)) {
+                (Some(new), Some(old)) => {
+                    new.valid_until_ms == old.valid_until_ms && new.acked == old.acked
+                }
+                _ => false,
+            })
+}
+
+/// Per-region facts for one rule this round, indexed like `Round::regions`.
+struct RegionsView<'a> {
+    regions: &'a [RegionInput],
+    statics: Vec<u64>,
+    fallback: Vec<u64>,
+    floors: Vec<u64>,
+    lapsed: Vec<bool>,
+}
+
+impl<'a> RegionsView<'a> {
+    fn new(
+        regions: &'a [RegionInput],
+        leases: &BTreeMap<String, RegionLease>,
+        policy: &RulePolicy,
+        now: Millis,
+        config: &Config,
+    ) -> Self {
+        let statics = static_shares(policy.limit, regions);
+        let fallback = statics
+            .iter()
+            .map(|s| fallback_share(*s, policy.fallback))
+            .collect();
+        let floors = regions
+            .iter()
+            .zip(&statics)
+            .map(|(r, s)| match r.status {
+                RegionStatus::Failed => 0,
+                _ => (*s as f64 * config.floor.clamp(0.0, 1.0)).floor() as u64,
+            })
+            .collect();
+        let lapsed = regions
+            .iter()
+            .map(|r| {
+                let lease = leases.get(&r.name).copied().unwrap_or_default();
+                let expired = now > lease.valid_until_ms + config.skew_margin_ms;
+                let silent = r.last_heard_ms.is_none()
+                    || lease.last_heard_ms < now - config.suspect_after_ms;
+                match policy.partition {
+                    Partition::Strict => expired,
+                    Partition::Available => expired || silent,
+                }
+            })
+            .collect();
+        RegionsView {
+            regions,
+            statics,
+            fallback,
+            floors,
+            lapsed,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.regions.len()
+    }
+}
+
+#[derive(Default)]
+struct Scratch {
+    demand: Vec<f64>,
+    target: Vec<u64>,
+    slots: Vec<Slot>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn step_rule(
+    rule: &mut RuleAllocation,
+    policy: &RulePolicy,
+    view: &RegionsView<'_>,
+    round: &Round<'_>,
+    acked: &BTreeMap<&str, Epoch>,
+    epoch: Epoch,
+    config: &Config,
+    scratch: &mut Scratch,
+) {
+    let limit = rule.limit;
+    let names: Vec<&str> = view.regions.iter().map(|r| r.name.as_str()).collect();
+
+    // The split.
+    load(&rule.split, &names, &mut scratch.slots);
+    settle(&mut scratch.slots, view, &names, acked);
+    if let Some(demand) = round.demand {
+        demand.rule_totals(&policy.rule, &names, &mut scratch.demand);
+        rule.demand = names
+            .iter()
+            .zip(&scratch.demand)
+            .map(|(n, d)| (n.to_string(), *d))
+            .collect();
+        let total: f64 = scratch.demand.iter().sum();
+        if total > 0.0 {
+            // The split serves every key: follow the regional mix of a key
+            // that uses the whole limit.
+            for d in scratch.demand.iter_mut() {
+                *d = limit as f64 * *d / total;
+            }
+            targets(limit, &scratch.demand, view, config, &mut scratch.target);
+        } else if scratch
+            .slots
+            .iter()
+            .all(|s| s.target == 0 && s.granted == 0)
+        {
+            // A new rule with no demand yet: start from the static split.
+            targets_static(view, &mut scratch.target);
+        } else {
+            scratch.target.clear();
+            scratch
+                .target
+                .extend(scratch.slots.iter().map(|s| s.target));
+        }
+        retarget(&mut scratch.slots, &scratch.target, view, limit, config);
+    }
+    transition(&mut scratch.slots, limit, epoch);
+    store(&mut rule.split, &names, &scratch.slots);
+
+    // Key entries.
+    let mut keys = std::mem::take(&mut rule.keys);
+    if let Some(demand) = round.demand {
+        let split_targets: Vec<u64> = names
+            .iter()
+            .map(|n| rule.split.get(*n).map_or(0, |s| s.target))
+            .collect();
+        let id = &policy.rule;
+        // Keys that earn an entry: their own targets differ from the split's
+        // by more than the hysteresis somewhere. Ranked by demand.
+        let mut wanted: Vec<(f64, String, Vec<u64>, Vec<f64>)> = Vec::new();
+        let threshold = hysteresis_units(limit, config);
+        demand.for_each_key(id, &names, &mut |key, d| {
+            scratch.demand.clear();
+            scratch.demand.extend_from_slice(d);
+            targets(limit, &scratch.demand, view, config, &mut scratch.target);
+            let differs = scratch
+                .target
+                .iter()
+                .zip(&split_targets)
+                .any(|(t, s)| t.abs_diff(*s) > threshold);
+            // Under the split the key would be throttled somewhere.
+            let pinched = d.iter().zip(&split_targets).any(|(d, s)| *d > *s as f64);
+            if differs && pinched {
+                wanted.push((
+                    d.iter().sum(),
+                    key.to_string(),
+                    scratch.target.clone(),
+                    d.to_vec(),
+                ));
+            }
+        });
+        wanted.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        wanted.truncate(config.max_key_entries);
+        let mut fresh: BTreeMap<String, (Vec<u64>, Vec<f64>)> =
+            wanted.into_iter().map(|(_, k, t, d)| (k, (t, d))).collect();
+        // Entries that lost their place head back to the split and are
+        // removed once they match it (see below).
+        for (key, entry) in keys.iter_mut() {
+            let (target, demand) = match fresh.remove(key) {
+                Some(x) => x,
+                None => (split_targets.clone(), vec![0.0; names.len()]),
+            };
+            entry.demand = names
+                .iter()
+                .zip(&demand)
+                .map(|(n, d)| (n.to_string(), *d))
+                .collect();
+            load(&entry.shares, &names, &mut scratch.slots);
+            settle(&mut scratch.slots, view, &names, acked);
+            retarget(&mut scratch.slots, &target, view, limit, config);
+            transition(&mut scratch.slots, limit, epoch);
+            store(&mut entry.shares, &names, &scratch.slots);
+        }
+        for (key, (target, demand)) in fresh {
+            // A new entry starts where the key is: at the split, with the
+            // split's unacknowledged values still counted.
+            let mut entry = KeyAllocation {
+                shares: rule.split.clone(),
+                demand: names
+                    .iter()
+                    .zip(&demand)
+                    .map(|(n, d)| (n.to_string(), *d))
+                    .collect(),
+            };
+            load(&entry.shares, &names, &mut scratch.slots);
+            retarget(&mut scratch.slots, &target, view, limit, config);
+            transition(&mut scratch.slots, limit, epoch);
+            store(&mut entry.shares, &names, &scratch.slots);
+            keys.insert(key, entry);
+        }
+    } else {
+        for entry in keys.values_mut() {
+            load(&entry.shares, &names, &mut scratch.slots);
+            settle(&mut scratch.slots, view, &names, acked);
+            transition(&mut scratch.slots, limit, epoch);
+            store(&mut entry.shares, &names, &scratch.slots);
+        }
+    }
+    // An entry equal to the split in every region, with nothing
+    // unacknowledged, is the split: drop it.
+    keys.retain(|_, entry| {
+        let matches_split = names.iter().all(|n| {
+            let e = entry.shares.get(*n).copied().unwrap_or_default();
+            let s = rule.split.get(*n).copied().unwrap_or_default();
+            e.granted == s.granted && e.target == s.target && e.bound == e.granted
+        });
+        let demanded = entry.demand.values().any(|d| *d > 0.0);
+        demanded || !matches_split
+    });
+    rule.keys = keys;
+}
+
+fn load(shares: &Shares, names: &[&str], out: &mut Vec<Slot>) {
+    out.clear();
+    out.extend(
+        names
+            .iter()
+            .map(|n| shares.get(*n).copied().unwrap_or_default()),
+    );
+}
+
+fn store(shares: &mut Shares, names: &[&str], slots: &[Slot]) {
+    shares.clear();
+    for (n, s) in names.iter().zip(slots) {
+        shares.insert(n.to_string(), *s);
+    }
+}
+
+/// Releases acknowledged shrinks and caps lapsed regions at their fallback.
+fn settle(
+    slots: &mut [Slot],
+    view: &RegionsView<'_>,
+    names: &[&str],
+    acked: &BTreeMap<&str, Epoch>,
+) {
+    for (i, slot) in slots.iter_mut().enumerate() {
+        if acked.get(names[i]).is_some_and(|a| *a >= slot.since) {
+            slot.bound = slot.granted;
+        }
+        if view.lapsed[i] {
+            // The region enforces at most min(what it holds, fallback) now;
+            // that much stays reserved for it.
+            let kept = slot.bound.min(view.fallback[i]);
+            *slot = Slot {
+                granted: kept.min(slot.granted),
+                bound: kept,
+                target: kept.min(slot.granted),
+                since: slot.since,
+            };
+        }
+    }
+}
+
+fn hysteresis_units(limit: u64, config: &Config) -> u64 {
+    (limit as f64 * config.hysteresis.clamp(0.0, 1.0)).floor() as u64
+}
+
+/// Sets new targets unless every move is within the hysteresis; applies
+/// `max_shift`. Lapsed regions keep what `settle` left them.
+fn retarget(
+    slots: &mut [Slot],
+    target: &[u64],
+    view: &RegionsView<'_>,
+    limit: u64,
+    config: &Config,
+) {
+    let threshold = hysteresis_units(limit, config);
+    let moves = slots
+        .iter()
+        .zip(target)
+        .enumerate()
+        .any(|(i, (s, t))| !view.lapsed[i] && s.target.abs_diff(*t) > threshold);
+    if !moves {
+        return;
+    }
+    let cap = config
+        .max_shift
+        .map(|f| (limit as f64 * f.clamp(0.0, 1.0)).floor() as u64);
+    for (i, (slot, t)) in slots.iter_mut().zip(target).enumerate() {
+        if view.lapsed[i] {
+            continue;
+        }
+        slot.target = match cap {
+            Some(cap) if *t > slot.granted => (*t).min(slot.granted.saturating_add(cap)),
+            Some(cap) => (*t).max(slot.granted.saturating_sub(cap)),
+            None => *t,
+        };
+    }
+}
+
+/// Static targets by weight (a new rule before any demand is known).
+fn targets_static(view: &RegionsView<'_>, out: &mut Vec<u64>) {
+    out.clear();
+    out.extend(
+        view.regions
+            .iter()
+            .enumerate()
+            .map(|(i, r)| match (view.lapsed[i], r.status) {
+                (true, _) => 0,
+                (_, RegionStatus::Active) => view.statics[i],
+                (_, RegionStatus::Draining) => view.floors[i],
+                (_, RegionStatus::Failed) => 0,
+            }),
+    );
+}
+
+/// Targets from demand (hits per period, per region): reserved capacity of
+/// lapsed regions first, then floors, then weighted max-min water-filling of
+/// the rest over active regions' demand plus headroom; what demand leaves
+/// over goes to active regions by weight.
+fn targets(
+    limit: u64,
+    demand: &[f64],
+    view: &RegionsView<'_>,
+    config: &Config,
+    out: &mut Vec<u64>,
+) {
+    let n = view.len();
+    out.clear();
+    out.resize(n, 0);
+    let mut capacity = limit;
+    for i in 0..n {
+        if view.lapsed[i] {
+            // Reserved; `settle` keeps it.
+            capacity = capacity.saturating_sub(view.fallback[i]);
+        }
+    }
+    let active: Vec<usize> = (0..n)
+        .filter(|&i| !view.lapsed[i] && view.regions[i].status != RegionStatus::Failed)
+        .collect();
+    // Floors, scaled down if they do not fit.
+    let floors: u64 = active.iter().map(|&i| view.floors[i]).sum();
+    let scale = if floors > capacity && floors > 0 {
+        capacity as f64 / floors as f64
+    } else {
+        1.0
+    };
+    for &i in &active {
+        out[i] = (view.floors[i] as f64 * scale).floor() as u64;
+        capacity -= out[i];
+    }
+    let growing: Vec<usize> = active
+        .iter()
+        .copied()
+        .filter(|&i| view.regions[i].status == RegionStatus::Active)
+        .collect();
+    let want: Vec<f64> = growing
+        .iter()
+        .map(|&i| (demand[i] * (1.0 + config.headroom.max(0.0)) - out[i] as f64).max(0.0))
+        .collect();
+    let weights: Vec<f64> = growing
+        .iter()
+        .map(|&i| view.regions[i].weight.max(1e-9))
+        .collect();
+    let given = water_fill(capacity, &want, &weights);
+    for (k, &i) in growing.iter().enumerate() {
+        out[i] += given[k];
+    }
+    let left = capacity - given.iter().sum::<u64>();
+    if left > 0 && !growing.is_empty() {
+        let even = vec![f64::INFINITY; growing.len()];
+        let extra = water_fill(left, &even, &weights);
+        for (k, &i) in growing.iter().enumerate() {
+            out[i] += extra[k];
+        }
+    }
+}
+
+/// Weighted max-min fair division of `capacity` (integer units) between
+/// claims `want` with weights: every claim gets min(want, λ·weight) for the
+/// level λ that uses the capacity (or satisfies every claim). Integer
+/// remainders go to the largest fractional parts, ties to the lower index, so
+/// the result is deterministic and sums to at most `capacity`.
+pub fn water_fill(capacity: u64, want: &[f64], weights: &[f64]) -> Vec<u64> {
+    let n = want.len();
+    let mut out = vec![0u64; n];
+    if n == 0 || capacity == 0 {
+        return out;
+    }
+    let cap = capacity as f64;
+    let total_want: f64 = want.iter().sum();
+    let mut share = vec![0f64; n];
+    if total_want.is_finite() && total_want <= cap {
+        share.copy_from_slice(want);
+    } else {
+        // Raise the level until the capacity is used: claims below their
+        // fair share are satisfied and leave the pool.
+        let mut open: Vec<usize> = (0..n).filter(|&i| want[i] > 0.0).collect();
+        let mut left = cap;
+        while !open.is_empty() {
+            let w: f64 = open.iter().map(|&i| weights[i]).sum();
+            let level = left / w;
+            let (sated, hungry): (Vec<usize>, Vec<usize>) =
+                open.iter().partition(|&&i| want[i] <= level * weights[i]);
+            if sated.is_empty() {
+                for &i in &hungry {
+                    share[i] = level * weights[i];
+                }
+                break;
+            }
+            for &i in &sated {
+                share[i] = want[i];
+                left -= want[i];
+            }
+            open = hungry;
+        }
+    }
+    let mut used = 0u64;
+    for i in 0..n {
+        out[i] = share[i].max(0.0).floor() as u64;
+        used += out[i];
+    }
+    let mut spare = capacity.saturating_sub(used);
+    if spare > 0 {
+        let mut order: Vec<usize> = (0..n)
+            .filter(|&i| share[i] - (out[i] as f64) > 1e-9 && (out[i] as f64) < want[i])
+            .collect();
+        order.sort_by(|&a, &b| {
+            let fa = share[a] - out[a] as f64;
+            let fb = share[b] - out[b] as f64;
+            fb.total_cmp(&fa).then(a.cmp(&b))
+        });
+        for i in order {
+            if spare == 0 {
+                break;
+            }
+            out[i] += 1;
+            spare -= 1;
+        }
+    }
+    out
+}
+
+/// Shrink before grow: decreases are published now; increases are granted
+/// only out of `limit − Σ bound` (capacity nobody may still be enforcing),
+/// shared in proportion to what each grower still wants.
+pub fn transition(slots: &mut [Slot], limit: u64, epoch: Epoch) {
+    for slot in slots.iter_mut() {
+        if slot.target < slot.granted {
+            slot.granted = slot.target;
+            slot.since = epoch;
+        }
+    }
+    let bound: u64 = slots.iter().map(|s| s.bound.max(s.granted)).sum();
+    let free = limit.saturating_sub(bound);
+    let want: Vec<f64> = slots
+        .iter()
+        .map(|s| s.target.saturating_sub(s.granted) as f64)
+        .collect();
+    if free == 0 || want.iter().all(|w| *w == 0.0) {
+        return;
+    }
+    let weights: Vec<f64> = want.iter().map(|w| w.max(1e-9)).collect();
+    let give = water_fill(free, &want, &weights);
+    for (slot, g) in slots.iter_mut().zip(give) {
+        if g > 0 {
+            slot.granted += g;
+            slot.bound = slot.bound.max(slot.granted);
+            slot.since = epoch;
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! The limiter's side: the allocation one region enforces.
+//!
+//! - **Fencing**: an update older than the epoch held is ignored.
+//! - **Window boundaries**: for windowed algorithms a new value takes effect
+//!   at the first window boundary after it arrives, so a window is counted
+//!   against one value. A region's grow is published only after the
+//!   shrinking region acknowledged (held) its shrink, so the grow's boundary is
+//!   never before the shrink's.
+//! - **Leases**: after `valid_until` the region enforces the smaller of its
+//!   value and the rule's fallback share, the same value the coordinator
+//!   keeps reserved for it.
+//! - Before any allocation arrives a global rule allows nothing; a limiter
+//!   without a coordinator enforces the whole limit instead (one region).
+
+use std::collections::HashMap;
+
+use super::{Allocations, Epoch, EpochDelta, Millis};
+
+/// What one region is sent for one epoch (a whole snapshot or the changes).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RegionUpdate {
+    pub epoch: Epoch,
+    /// The region's lease.
+    pub valid_until_ms: Millis,
+    /// A snapshot: rules and keys not listed are gone.
+    pub full: bool,
+    pub rules: Vec<RuleUpdate>,
+    /// Rules that are no longer global (or gone).
+    pub removed_rules: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RuleUpdate {
+    pub rule: String,
+    /// The world-wide limit.
+    pub limit: u64,
+    pub fallback: u64,
+    /// The region's value for keys without an entry; `None`: unchanged.
+    pub split: Option<u64>,
+    /// Changed key entries; `None` = the entry is gone (the key uses the split).
+    pub keys: Vec<(String, Option<u64>)>,
+}
+
+/// The update for `region`: everything when `delta` is `None`, else what the
+/// delta changed for it. `None` when the delta changes nothing it enforces
+/// (its lease included).
+pub fn region_update(
+    state: &Allocations,
+    region: &str,
+    delta: Option<&EpochDelta>,
+) -> Option<RegionUpdate> {
+    let valid_until_ms = state.regions.get(region).map_or(0, |l| l.valid_until_ms);
+    let mut update = RegionUpdate {
+        epoch: state.epoch,
+        valid_until_ms,
+        full: delta.is_none(),
+        ..Default::default()
+    };
+    let granted = |shares: &super::Shares| shares.get(region).map_or(0, |s| s.granted);
+    match delta {
+        None => {
+            for (id, rule) in &state.rules {
+                update.rules.push(RuleUpdate {
+                    rule: id.clone(),
+                    limit: rule.limit,
+                    fallback: rule.fallback.get(region).copied().unwrap_or(0),
+                    split: Some(granted(&rule.split)),
+                    keys: rule
+                        .keys
+                        .iter()
+                        .map(|(k, e)| (k.clone(), Some(granted(&e.shares))))
+                        .collect(),
+                });
+            }
+            Some(update)
+        }
+        Some(delta) => {
+            let lease_changed = delta.regions.iter().any(|(n, _)| n == region);
+            for (id, rd) in &delta.rules {
+                let Some(rd) = rd else {
+                    update.removed_rules.push(id.clone());
+                    continue;
+                };
+                let mut ru = RuleUpdate {
+                    rule: id.clone(),
+                    limit: rd.limit,
+                    fallback: rd.fallback.get(region).copied().unwrap_or(0),
+                    split: rd.split.as_ref().map(granted),
+                    keys: Vec::new(),
+                };
+                for (key, entry) in &rd.keys {
+                    ru.keys
+                        .push((key.clone(), entry.as_ref().map(|e| granted(&e.shares))));
+                }
+                update.rules.push(ru);
+            }
+            (lease_changed || !update.rules.is_empty() || !update.removed_rules.is_empty())
+                .then_some(update)
+        }
+    }
+}
+
+/// One enforced value with the one waiting for the next window boundary.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Value {
+    active: u64,
+    next: Option<(u64, Millis)>,
+}
+
+impl Value {
+    fn at(&self, now_ms: Millis) -> u64 {
+        match self.next {
+            Some((v, from)) if now_ms >= from => v,
+            _ => self.active,
+        }
+    }
+
+    fn settle(&mut self, now_ms: Millis) {
+        self.active = self.at(now_ms);
+        if matches!(self.next, Some((_, from)) if now_ms >= from) {
+            self.next = None;
+        }
+    }
+
+    /// `period_ms`: the rule's window, or `None` for buckets (immediate).
+    fn set(&mut self, v: u64, now_ms: Millis, period_ms: Option<u64>) {
+        self.settle(now_ms);
+        match period_ms {
+            Some(p) if p > 0 && v != self.active => {
+                let p = p as i64;
+                let boundary = (now_ms.div_euclid(p) + 1) * p;
+                self.next = Some((v, boundary));
+            }
+            _ => {
+                self.active = v;
+                self.next = None;
+            }
+        }
+    }
+
+    fn fresh(v: u64) -> Value {
+        Value {
+            active: v,
+            next: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct RuleView {
+    limit: u64,
+    fallback: u64,
+    split: Value,
+    keys: HashMap<String, Value>,
+}
+
+/// The allocations a region enforces.
+#[derive(Debug, Clone, Default)]
+pub struct Table {
+    epoch: Epoch,
+    valid_until_ms: Millis,
+    rules: HashMap<String, RuleView>,
+}
+
+/// Why an update was not applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Its epoch is not newer than the one held (fencing).
+    Stale { held: Epoch, got: Epoch },
+}
+
+impl Table {
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    pub fn valid_until_ms(&self) -> Millis {
+        self.valid_until_ms
+    }
+
+    /// Applies an update received at `now_ms`. `window_ms(rule)` is the rule's
+    /// window for windowed algorithms, `None` for buckets.
+    pub fn apply(
+        &mut self,
+        update: &RegionUpdate,
+        now_ms: Millis,
+        window_ms: impl Fn(&str) -> Option<u64>,
+    ) -> Result<(), Refused> {
+        if update.epoch <= self.epoch && !(update.full && update.epoch == self.epoch) {
+            return Err(Refused::Stale {
+                held: self.epoch,
+                got: update.epoch,
+            });
+        }
+        self.epoch = update.epoch;
+        self.valid_until_ms = update.valid_until_ms;
+        if update.full {
+            self.rules
+                .retain(|id, _| update.rules.iter().any(|r| &r.rule == id));
+        }
+        for id in &update.removed_rules {
+            self.rules.remove(id);
+        }
+        for ru in &update.rules {
+            let window = window_ms(&ru.rule);
+            let view = self
+                .rules
+                .entry(ru.rule.clone())
+                .or_insert_with(|| RuleView {
+                    limit: ru.limit,
+                    fallback: ru.fallback,
+                    split: Value::fresh(ru.split.unwrap_or(0)),
+                    keys: HashMap::new(),
+                });
+            view.limit = ru.limit;
+            view.fallback = ru.fallback;
+            if let Some(v) = ru.split {
+                view.split.set(v, now_ms, window);
+            }
+            if update.full {
+                view.keys
+                    .retain(|k, _| ru.keys.iter().any(|(key, _)| key == k));
+            }
+            for (key, value) in &ru.keys {
+                match value {
+                    Some(v) => match view.keys.get_mut(key) {
+                        Some(existing) => existing.set(*v, now_ms, window),
+                        None => {
+                            // The key was enforced at the split until now.
+                            let mut val = view.split;
+                            val.set(*v, now_ms, window);
+                            view.keys.insert(key.clone(), val);
+                        }
+                    },
+                    None => {
+                        view.keys.remove(key);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The limit `key` of `rule` has in this region now: `None` when the rule
+    /// has no allocation here (not global, or nothing received yet).
+    pub fn limit(&self, rule: &str, key: &str, now_ms: Millis) -> Option<u64> {
+        let view = self.rules.get(rule)?;
+        let value = view.keys.get(key).unwrap_or(&view.split).at(now_ms);
+        Some(if now_ms > self.valid_until_ms {
+            value.min(view.fallback)
+        } else {
+            value
+        })
+    }
+
+    /// The world-wide limit of a rule this table holds.
+    pub fn global_limit(&self, rule: &str) -> Option<u64> {
+        self.rules.get(rule).map(|v| v.limit)
+    }
+
+    /// Key entries held for a rule (metrics).
+    pub fn key_entries(&self, rule: &str) -> usize {
+        self.rules.get(rule).map_or(0, |v| v.keys.len())
+    }
+}

@@ -1,0 +1,527 @@
+//! The rebalancer's promises, checked on random traffic, acknowledgement
+//! orders and silences.
+
+use proptest::prelude::*;
+
+use super::demand::{AckTracker, DemandTracker, KeyDemand, bound_report};
+use super::rebalance::{Round, rebalance, transition, water_fill};
+use super::table::{Table, region_update};
+use super::*;
+
+const NAMES: [&str; 4] = ["a", "b", "c", "d"];
+
+fn regions(
+    n: usize,
+    status: &[RegionStatus],
+    heard: &[Option<Millis>],
+    acked: &[Option<Epoch>],
+) -> Vec<RegionInput> {
+    (0..n)
+        .map(|i| RegionInput {
+            name: NAMES[i].to_string(),
+            weight: 1.0 + i as f64,
+            status: status[i],
+            last_heard_ms: heard[i],
+            acked: acked[i],
+        })
+        .collect()
+}
+
+fn policy(limit: u64, partition: Partition) -> Vec<RulePolicy> {
+    vec![RulePolicy {
+        rule: "r".into(),
+        limit,
+        partition,
+        fallback: 0.5,
+    }]
+}
+
+fn report(t: &mut DemandTracker, region: &str, keys: &[(&str, u64)]) {
+    let keys: Vec<KeyDemand> = keys
+        .iter()
+        .map(|(k, n)| KeyDemand {
+            key: k.to_string(),
+            asked: *n,
+            allowed: *n,
+        })
+        .collect();
+    t.record(region, "r", 60_000, &keys, 0);
+}
+
+#[test]
+fn water_fill_is_max_min_fair() {
+    assert_eq!(
+        water_fill(1000, &[300.0, 900.0], &[1.0, 1.0]),
+        vec![300, 700]
+    );
+    assert_eq!(
+        water_fill(1000, &[900.0, 900.0], &[1.0, 1.0]),
+        vec![500, 500]
+    );
+    assert_eq!(
+        water_fill(1000, &[900.0, 900.0], &[1.0, 3.0]),
+        vec![250, 750]
+    );
+    assert_eq!(
+        water_fill(1000, &[100.0, 200.0], &[1.0, 1.0]),
+        vec![100, 200]
+    );
+    assert_eq!(
+        water_fill(10, &[10.0, 10.0, 10.0], &[1.0, 1.0, 1.0])
+            .iter()
+            .sum::<u64>(),
+        10
+    );
+}
+
+#[test]
+fn shrink_is_published_before_the_grow_it_pays_for() {
+    // The DESIGN §4 worked example: M 600 / H 400 → demand M 300 / H 700.
+    let mut slots = [
+        Slot {
+            granted: 600,
+            bound: 600,
+            target: 300,
+            since: 7,
+        },
+        Slot {
+            granted: 400,
+            bound: 400,
+            target: 700,
+            since: 7,
+        },
+    ];
+    transition(&mut slots, 1000, 8);
+    assert_eq!(
+        (slots[0].granted, slots[1].granted),
+        (300, 400),
+        "epoch 8: only the shrink"
+    );
+    assert_eq!(
+        slots[0].bound, 600,
+        "M may still enforce 600 until it acknowledges"
+    );
+    // M acknowledges epoch 8: its bound falls, and epoch 9 grows H.
+    slots[0].bound = slots[0].granted;
+    transition(&mut slots, 1000, 9);
+    assert_eq!((slots[0].granted, slots[1].granted), (300, 700));
+}
+
+#[test]
+fn allocations_follow_a_shift_in_demand() {
+    let config = Config {
+        ewma_alpha: 1.0,
+        ..Config::default()
+    };
+    let rules = policy(1000, Partition::Strict);
+    let mut state = Allocations::default();
+    let mut t = DemandTracker::new(config.ewma_alpha);
+    let status = [RegionStatus::Active; 2];
+    let mut now = 1_000_000;
+    // 80/20, then 20/80; every region acknowledges each epoch.
+    for (m, h) in [(800, 200), (800, 200), (200, 800), (200, 800), (200, 800)] {
+        report(&mut t, "a", &[("k", m)]);
+        report(&mut t, "b", &[("k", h)]);
+        t.roll(60_000);
+        let acked = [Some(state.epoch), Some(state.epoch)];
+        let rs = regions(2, &status, &[Some(now), Some(now)], &acked);
+        let round = Round {
+            now_ms: now,
+            regions: &rs,
+            rules: &rules,
+            demand: Some(&t),
+        };
+        let next = rebalance(&state, &round, &config);
+        state.apply(&state.diff(&next));
+        // The acks of the epoch just committed arrive: a transition round.
+        let acked = [Some(state.epoch), Some(state.epoch)];
+        let rs = regions(2, &status, &[Some(now), Some(now)], &acked);
+        let round = Round {
+            now_ms: now + 10,
+            regions: &rs,
+            rules: &rules,
+            demand: None,
+        };
+        let next = rebalance(&state, &round, &config);
+        state.apply(&state.diff(&next));
+        now += 60_000;
+    }
+    let split = &state.rules["r"].split;
+    assert!(
+        split["b"].granted >= 700,
+        "b should hold most of L: {split:?}"
+    );
+    assert!(split["a"].granted <= 300, "a should have shrunk: {split:?}");
+    assert!(split["a"].granted + split["b"].granted <= 1000);
+}
+
+#[test]
+fn a_silent_region_keeps_its_share_until_its_lease_lapses_then_its_fallback() {
+    let config = Config {
+        ewma_alpha: 1.0,
+        lease_ms: 10_000,
+        suspect_after_ms: 3_000,
+        ..Config::default()
+    };
+    let rules = policy(1000, Partition::Strict);
+    let status = [RegionStatus::Active; 2];
+    let mut state = Allocations::default();
+    let mut t = DemandTracker::new(1.0);
+    let mut now = 0;
+    let mut a_heard = 0;
+    for step in 0..30 {
+        report(&mut t, "b", &[("k", 900)]);
+        if step < 3 {
+            report(&mut t, "a", &[("k", 900)]);
+            a_heard = now;
+        }
+        t.roll(1_000);
+        let acked = [
+            Some(state.epoch.min(if step < 3 { u64::MAX } else { 3 })),
+            Some(state.epoch),
+        ];
+        let rs = regions(2, &status, &[Some(a_heard), Some(now)], &acked);
+        let round = Round {
+            now_ms: now,
+            regions: &rs,
+            rules: &rules,
+            demand: Some(&t),
+        };
+        let next = rebalance(&state, &round, &config);
+        state.apply(&state.diff(&next));
+        let a = state.rules["r"].split["a"];
+        let lease = state.regions["a"].valid_until_ms;
+        if now <= lease + config.skew_margin_ms {
+            assert!(
+                a.bound >= 400,
+                "a's share is kept while its lease runs: {a:?} at {now}"
+            );
+        } else {
+            // Static share of a (weight 1 of 3) = 333; fallback 50 % = 166.
+            assert_eq!(a.bound, 166, "after the lease a keeps exactly its fallback");
+        }
+        let b = state.rules["r"].split["b"];
+        assert!(a.bound + b.bound <= 1000);
+        now += 1_000;
+    }
+    assert!(state.rules["r"].split["b"].granted >= 1000 - 166 - 1);
+}
+
+#[test]
+fn a_hot_key_with_its_own_mix_gets_an_entry() {
+    let config = Config {
+        ewma_alpha: 1.0,
+        ..Config::default()
+    };
+    let rules = policy(1000, Partition::Strict);
+    let status = [RegionStatus::Active; 2];
+    let mut state = Allocations::default();
+    let mut t = DemandTracker::new(1.0);
+    let mut now = 0;
+    for _ in 0..4 {
+        // Most keys come from a; key "x" comes from b.
+        let many: Vec<(String, u64)> = (0..50).map(|i| (format!("k{i}"), 100)).collect();
+        let many: Vec<(&str, u64)> = many.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+        report(&mut t, "a", &many);
+        report(&mut t, "b", &[("x", 900)]);
+        t.roll(60_000);
+        let acked = [Some(state.epoch), Some(state.epoch)];
+        let rs = regions(2, &status, &[Some(now), Some(now)], &acked);
+        let round = Round {
+            now_ms: now,
+            regions: &rs,
+            rules: &rules,
+            demand: Some(&t),
+        };
+        let next = rebalance(&state, &round, &config);
+        state.apply(&state.diff(&next));
+        now += 60_000;
+    }
+    let rule = &state.rules["r"];
+    assert!(
+        rule.split["a"].granted > rule.split["b"].granted,
+        "{:?}",
+        rule.split
+    );
+    let x = &rule.keys["x"].shares;
+    assert!(
+        x["b"].granted > x["a"].granted,
+        "x follows its own mix: {x:?}"
+    );
+    assert!(
+        !rule.keys.contains_key("k1"),
+        "keys that follow the split need no entry"
+    );
+}
+
+#[test]
+fn the_table_fences_old_epochs_switches_at_window_boundaries_and_falls_back() {
+    let mut state = Allocations {
+        epoch: 5,
+        ..Default::default()
+    };
+    state.regions.insert(
+        "a".into(),
+        RegionLease {
+            valid_until_ms: 100_000,
+            acked: 5,
+            last_heard_ms: 0,
+        },
+    );
+    let mut rule = RuleAllocation {
+        limit: 1000,
+        ..Default::default()
+    };
+    rule.fallback.insert("a".into(), 100);
+    rule.split.insert(
+        "a".into(),
+        Slot {
+            granted: 600,
+            bound: 600,
+            target: 600,
+            since: 5,
+        },
+    );
+    state.rules.insert("r".into(), rule);
+    let window = |_: &str| Some(60_000);
+    let mut table = Table::default();
+    let full = region_update(&state, "a", None).expect("a full update");
+    table
+        .apply(&full, 10_000, window)
+        .expect("first update applies");
+    assert_eq!(table.limit("r", "k", 10_000), Some(600));
+
+    let mut next = state.clone();
+    next.epoch = 6;
+    next.rules
+        .get_mut("r")
+        .expect("rule")
+        .split
+        .get_mut("a")
+        .expect("slot")
+        .granted = 300;
+    let delta = state.diff(&next);
+    let update = region_update(&next, "a", Some(&delta)).expect("a changed");
+    table
+        .apply(&update, 20_000, window)
+        .expect("newer epoch applies");
+    assert_eq!(
+        table.limit("r", "k", 59_999),
+        Some(600),
+        "this window keeps its value"
+    );
+    assert_eq!(
+        table.limit("r", "k", 60_000),
+        Some(300),
+        "the next window switches"
+    );
+    assert!(
+        table.apply(&update, 30_000, window).is_err(),
+        "a replayed epoch is fenced"
+    );
+    assert_eq!(
+        table.limit("r", "k", 100_001),
+        Some(100),
+        "a lapsed lease falls to the fallback"
+    );
+    assert_eq!(table.limit("other", "k", 0), None);
+}
+
+#[test]
+fn reports_keep_the_top_keys_and_a_remainder() {
+    let keys: Vec<KeyDemand> = (0..100)
+        .map(|i| KeyDemand {
+            key: format!("k{i:03}"),
+            asked: i,
+            allowed: i / 2,
+        })
+        .collect();
+    let (top, asked, allowed) = bound_report(keys, 10);
+    assert_eq!(top.len(), 10);
+    assert_eq!(top[0].key, "k099");
+    assert_eq!(asked, (0..90).sum::<u64>());
+    assert_eq!(allowed, (0..90).map(|i| i / 2).sum::<u64>());
+}
+
+#[test]
+fn a_region_acknowledges_when_every_recent_pod_holds_the_epoch() {
+    let mut acks = AckTracker::default();
+    acks.record("p1", "a", 7, 1_000);
+    acks.record("p2", "a", 6, 1_000);
+    assert_eq!(acks.region("a", 1_500, 10_000).0, Some(6));
+    acks.record("p2", "a", 7, 1_200);
+    assert_eq!(acks.region("a", 1_500, 10_000).0, Some(7));
+    // p1 went quiet long ago: it no longer holds the region back.
+    acks.record("p2", "a", 9, 20_000);
+    assert_eq!(acks.region("a", 20_000, 10_000).0, Some(9));
+}
+
+/// One random round: demand per region, which regions are reachable and
+/// which epoch each reachable region acknowledges (fraction of the way
+/// from what it acked to the newest).
+#[derive(Debug, Clone)]
+struct Step {
+    demand: Vec<u64>,
+    reachable: Vec<bool>,
+    ack_progress: Vec<u8>,
+    full: bool,
+    status: Vec<u8>,
+}
+
+fn steps(n: usize) -> impl Strategy<Value = Vec<Step>> {
+    prop::collection::vec(
+        (
+            prop::collection::vec(0u64..2_000, n),
+            prop::collection::vec(prop::bool::weighted(0.8), n),
+            prop::collection::vec(0u8..=4, n),
+            any::<bool>(),
+            prop::collection::vec(0u8..12, n),
+        )
+            .prop_map(|(demand, reachable, ack_progress, full, status)| Step {
+                demand,
+                reachable,
+                ack_progress,
+                full,
+                status,
+            }),
+        1..40,
+    )
+}
+
+/// What a region may enforce at most: a pod may hold any epoch from the one
+/// the region acknowledged on, and enforces that epoch's grant — capped by
+/// the fallback once that epoch's lease has run out.
+fn possible(history: &[Allocations], acked: Epoch, region: &str, key: &str, now: Millis) -> u64 {
+    let newest = history.last().map_or(0, |s| s.epoch);
+    history
+        .iter()
+        .filter(|s| s.epoch >= acked.min(newest))
+        .filter_map(|s| {
+            let granted = s.slot("r", key, region)?.granted;
+            let lease = s.regions.get(region).map_or(0, |l| l.valid_until_ms);
+            let fallback = s.rules.get("r")?.fallback.get(region).copied().unwrap_or(0);
+            Some(if now > lease {
+                granted.min(fallback)
+            } else {
+                granted
+            })
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn sum_of_what_regions_may_enforce_never_exceeds_the_limit(
+        limit in 1u64..5_000,
+        n in 2usize..=4,
+        plan in steps(4),
+        max_shift in prop::option::of(0.05f64..0.5),
+    ) {
+        let config = Config {
+            ewma_alpha: 0.7,
+            lease_ms: 5_000,
+            suspect_after_ms: 2_000,
+            skew_margin_ms: 0,
+            max_shift,
+            max_key_entries: 2,
+            ..Config::default()
+        };
+        let rules = policy(limit, Partition::Strict);
+        let mut state = Allocations::default();
+        let mut history = vec![state.clone()];
+        let mut tracker = DemandTracker::new(config.ewma_alpha);
+        let mut heard: Vec<Option<Millis>> = vec![None; n];
+        let mut acked: Vec<Epoch> = vec![0; n];
+        let mut now: Millis = 1_000;
+        for step in &plan {
+            let status: Vec<RegionStatus> = step.status[..n]
+                .iter()
+                .map(|s| match s { 0 => RegionStatus::Draining, 1 => RegionStatus::Failed, _ => RegionStatus::Active })
+                .collect();
+            for i in 0..n {
+                if step.reachable[i] {
+                    heard[i] = Some(now);
+                    let span = state.epoch - acked[i];
+                    acked[i] += span * step.ack_progress[i] as u64 / 4;
+                    report(&mut tracker, NAMES[i], &[("k", step.demand[i]), ("hot", step.demand[(i + 1) % n])]);
+                }
+            }
+            tracker.roll(1_000);
+            let acks: Vec<Option<Epoch>> = (0..n).map(|i| heard[i].map(|_| acked[i])).collect();
+            let rs = regions(n, &status, &heard, &acks);
+            let round = Round { now_ms: now, regions: &rs, rules: &rules, demand: step.full.then_some(&tracker) };
+            let next = rebalance(&state, &round, &config);
+            prop_assert_eq!(next.epoch, state.epoch + 1, "epochs are monotonic");
+            let delta = state.diff(&next);
+            let mut applied = state.clone();
+            applied.apply(&delta);
+            prop_assert_eq!(&applied, &{ let mut n2 = next.clone(); n2.history = applied.history.clone(); n2 });
+            state = applied;
+            history.push(state.clone());
+
+            for key in ["k", "hot", "cold"] {
+                let mut sum = 0;
+                for (i, name) in NAMES[..n].iter().enumerate() {
+                    sum += possible(&history, acked[i], name, key, now);
+                }
+                prop_assert!(sum <= limit, "key {key}: regions may enforce {sum} > L {limit} at epoch {}", state.epoch);
+                let bounds: u64 = NAMES[..n].iter().filter_map(|r| state.slot("r", key, r)).map(|s| s.bound).sum();
+                prop_assert!(bounds <= limit);
+            }
+            now += 1_000;
+        }
+    }
+
+    #[test]
+    fn steady_demand_converges_to_max_min_fair_shares_above_floors(
+        limit in 100u64..10_000,
+        demand in prop::collection::vec(0u64..10_000, 3),
+    ) {
+        let config = Config { ewma_alpha: 1.0, hysteresis: 0.0, headroom: 0.0, ..Config::default() };
+        let rules = policy(limit, Partition::Strict);
+        let mut state = Allocations::default();
+        let mut tracker = DemandTracker::new(1.0);
+        let status = [RegionStatus::Active; 3];
+        for round_no in 0..6 {
+            let now = round_no * 1_000;
+            for (i, d) in demand.iter().enumerate() {
+                tracker.record(NAMES[i], "r", 1_000, &[KeyDemand { key: "k".into(), asked: *d, allowed: 0 }], 0);
+            }
+            tracker.roll(1_000);
+            let acked = [Some(state.epoch); 3];
+            let rs = regions(3, &status, &[Some(now); 3], &acked);
+            let next = rebalance(&state, &Round { now_ms: now, regions: &rs, rules: &rules, demand: Some(&tracker) }, &config);
+            state.apply(&state.diff(&next));
+            let acked = [Some(state.epoch); 3];
+            let rs = regions(3, &status, &[Some(now); 3], &acked);
+            let next = rebalance(&state, &Round { now_ms: now + 1, regions: &rs, rules: &rules, demand: None }, &config);
+            state.apply(&state.diff(&next));
+        }
+        let rs = regions(3, &status, &[Some(0); 3], &[None; 3]);
+        let statics = static_shares(limit, &rs);
+        let got: Vec<u64> = NAMES[..3].iter().map(|r| state.slot("r", "k", r).map_or(0, |s| s.granted)).collect();
+        let total: u64 = got.iter().sum();
+        prop_assert!(total <= limit);
+        for i in 0..3 {
+            let floor = (statics[i] as f64 * config.floor).floor() as u64;
+            prop_assert!(got[i] >= floor, "region {i} below its floor: {got:?}");
+        }
+        // Max-min: a region short of its demand is not below anyone else's
+        // level (per weight), give or take rounding and floors.
+        for i in 0..3 {
+            if got[i] + 2 < demand[i] {
+                for j in 0..3 {
+                    let wi = 1.0 + i as f64;
+                    let wj = 1.0 + j as f64;
+                    let level_i = got[i] as f64 / wi;
+                    let fair_j = (level_i * wj).max((statics[j] as f64 * config.floor).floor());
+                    prop_assert!(got[j] as f64 <= fair_j + 3.0 || got[j] <= demand[j] + 1,
+                        "region {j} got {} while {i} is short: {got:?} demand {demand:?}", got[j]);
+                }
+            }
+        }
+    }
+}
