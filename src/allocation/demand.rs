@@ -141,6 +141,31 @@ impl DemandTracker {
         }
     }
 
+    /// Early top-up: a region reports mid-window that `key` runs at
+    /// `per_period` hits per period. The key's smoothed demand there (and the
+    /// rule's) is raised to at least that at once, so the next round — run
+    /// out of cycle — acts on it instead of waiting for the EWMA to catch up.
+    pub fn bump(&mut self, region: &str, rule: &str, period_ms: u64, key: &str, per_period: f64) {
+        let r = self.region_index(region);
+        let entry = self.rules.entry(rule.to_string()).or_default();
+        entry.period_ms = period_ms.max(1);
+        if entry.total.len() <= r {
+            entry.total.resize(r + 1, Sample::default());
+        }
+        let slots = entry
+            .keys
+            .entry(key.into())
+            .or_insert_with(|| vec![0.0; 2 * (r + 1)].into_boxed_slice());
+        if slots.len() < 2 * (r + 1) {
+            *slots = widen(slots, r + 1);
+        }
+        let raise = (per_period - slots[r] as f64).max(0.0);
+        slots[r] += raise as f32;
+        let total = &mut entry.total[r];
+        total.ewma += raise;
+        total.seen = true;
+    }
+
     /// Forgets rules that are no longer global.
     pub fn retain_rules(&mut self, keep: impl Fn(&str) -> bool) {
         self.rules.retain(|id, _| keep(id));

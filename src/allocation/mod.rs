@@ -35,6 +35,10 @@ pub type Epoch = u64;
 /// commands so every node applies the same value).
 pub type Millis = i64;
 
+/// A region asks for an early top-up of a key once it has used this
+/// fraction of its allocation in the current window.
+pub const TOP_UP_AT: f64 = 0.9;
+
 /// How many epochs [`Allocations::history`] keeps.
 pub const HISTORY_EPOCHS: usize = 100;
 /// Changed slots one history record keeps at most.
