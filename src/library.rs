@@ -183,6 +183,7 @@ impl Builder {
             inner: service::Limiter {
                 engine: Engine::new(store, &self.config),
                 rules: Arc::new(RuleSource::fixed(rules)),
+                global: Arc::new(crate::limiter::global::Global::uncoordinated()),
             },
         })
     }

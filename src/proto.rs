@@ -39,3 +39,61 @@ pub mod meridian {
         tonic::include_proto!("meridian.v1");
     }
 }
+
+/// The per-region allocation update travels as `meridian.v1.AllocationUpdate`;
+/// the coordinator builds it, the limiter reads it.
+mod allocation_wire {
+    use super::meridian::v1 as pb;
+    use crate::allocation::table::{RegionUpdate, RuleUpdate};
+
+    impl From<&RegionUpdate> for pb::AllocationUpdate {
+        fn from(u: &RegionUpdate) -> Self {
+            pb::AllocationUpdate {
+                epoch: u.epoch,
+                valid_until_unix_ms: u.valid_until_ms,
+                full: u.full,
+                rules: u
+                    .rules
+                    .iter()
+                    .map(|r| pb::RuleAllocation {
+                        rule: r.rule.clone(),
+                        limit: r.limit,
+                        fallback: r.fallback,
+                        split: r.split,
+                        keys: r
+                            .keys
+                            .iter()
+                            .map(|(key, value)| pb::KeyAllocation {
+                                key: key.clone(),
+                                value: *value,
+                            })
+                            .collect(),
+                    })
+                    .collect(),
+                removed_rules: u.removed_rules.clone(),
+            }
+        }
+    }
+
+    impl From<&pb::AllocationUpdate> for RegionUpdate {
+        fn from(u: &pb::AllocationUpdate) -> Self {
+            RegionUpdate {
+                epoch: u.epoch,
+                valid_until_ms: u.valid_until_unix_ms,
+                full: u.full,
+                rules: u
+                    .rules
+                    .iter()
+                    .map(|r| RuleUpdate {
+                        rule: r.rule.clone(),
+                        limit: r.limit,
+                        fallback: r.fallback,
+                        split: r.split,
+                        keys: r.keys.iter().map(|k| (k.key.clone(), k.value)).collect(),
+                    })
+                    .collect(),
+                removed_rules: u.removed_rules.clone(),
+            }
+        }
+    }
+}

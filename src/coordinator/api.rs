@@ -39,6 +39,7 @@ const DRAIN_LIMIT_BYTES: usize = 64 * 1024 * 1024;
 #[derive(Clone)]
 pub struct Api {
     pub node: Arc<Node>,
+    pub allocator: Arc<super::allocator::Allocator>,
     pub prometheus: PrometheusHandle,
     /// `--shared-rule-floor`: see `validation::validate`.
     pub shared_rule_floor: f64,
@@ -108,6 +109,8 @@ pub fn router(api: Api) -> Router {
             "/api/v1/regions/{name}",
             get(get_region).put(put_region).delete(delete_region),
         )
+        .route("/api/v1/allocations", get(get_allocations))
+        .route("/api/v1/leases", get(get_leases))
         .route("/api/v1/cluster", get(cluster))
         .route("/api/v1/cluster/nodes", post(add_node))
         .route(
@@ -799,4 +802,215 @@ async fn internal_write(
     let write: Write = parse_json(&bytes)?;
     let reply = api.node.write(write, true).await?;
     Ok(Json(reply).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AllocationQuery {
+    rule: Option<String>,
+    key: Option<String>,
+    /// Epochs of history to include (default 20, at most what is kept).
+    history: Option<usize>,
+    consistent: Option<bool>,
+}
+
+fn shares_json(shares: &crate::allocation::Shares) -> Value {
+    let regions: BTreeMap<&String, Value> = shares
+        .iter()
+        .map(|(region, s)| {
+            (
+                region,
+                json!({ "granted": s.granted, "bound": s.bound, "target": s.target, "since_epoch": s.since }),
+            )
+        })
+        .collect();
+    json!(regions)
+}
+
+fn unix_ms_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// `GET /api/v1/allocations[?rule=R[&key=K]][&history=N]`: every global
+/// rule's split; one rule with its key entries; or one key's allocation per
+/// region with demand, leases and the epochs that changed it.
+async fn get_allocations(
+    State(api): State<Api>,
+    uri: Uri,
+    headers: HeaderMap,
+    query: Result<axum::extract::Query<AllocationQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let query = match query {
+        Ok(q) => q.0,
+        Err(e) => {
+            return ApiError::new(StatusCode::BAD_REQUEST, format!("query: {e}"))
+                .with("allowed", json!(["rule", "key", "history", "consistent"]))
+                .into_response();
+        }
+    };
+    let _ = query.consistent;
+    let consistency = match read_mode(&api, &uri, &headers).await {
+        Ok(c) => c,
+        Err(relayed) => return relayed,
+    };
+    let applied = api.node.applied.borrow().clone();
+    let state = &applied.registry.allocations;
+    let now = unix_ms_now();
+    let leases: BTreeMap<&String, Value> = state
+        .regions
+        .iter()
+        .map(|(name, l)| {
+            (
+                name,
+                json!({
+                    "valid_until_unix_ms": l.valid_until_ms,
+                    "expires_in_ms": l.valid_until_ms - now,
+                    "acked_epoch": l.acked,
+                    "last_heard_unix_ms": l.last_heard_ms,
+                }),
+            )
+        })
+        .collect();
+    let history_len = query.history.unwrap_or(20);
+    let head = json!({
+        "consistency": consistency,
+        "epoch": state.epoch,
+        "at_unix_ms": state.at_ms,
+        "leases": leases,
+    });
+    let Some(rule_id) = query.rule else {
+        if query.key.is_some() {
+            return ApiError::new(StatusCode::BAD_REQUEST, "key needs rule").into_response();
+        }
+        let rules: BTreeMap<&String, Value> = state
+            .rules
+            .iter()
+            .map(|(id, r)| {
+                (
+                    id,
+                    json!({
+                        "limit": r.limit,
+                        "split": shares_json(&r.split),
+                        "demand": r.demand,
+                        "fallback": r.fallback,
+                        "key_entries": r.keys.len(),
+                    }),
+                )
+            })
+            .collect();
+        let mut body = head;
+        body["rules"] = json!(rules);
+        return Json(body).into_response();
+    };
+    let Some(rule) = state.rules.get(&rule_id) else {
+        let known: Vec<&String> = state.rules.keys().collect();
+        return ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("rule {rule_id:?} has no allocation (not a global rule, or no epoch yet)"),
+        )
+        .with("global_rules", json!(known))
+        .into_response();
+    };
+    let history: Vec<Value> = state
+        .history
+        .iter()
+        .rev()
+        .filter_map(|record| {
+            let changes: Vec<Value> = record
+                .changes
+                .iter()
+                .filter(|(r, k, _, _)| *r == rule_id && *k == query.key)
+                .map(|(_, _, region, granted)| json!({ "region": region, "granted": granted }))
+                .collect();
+            (!changes.is_empty()).then(
+                || json!({ "epoch": record.epoch, "at_unix_ms": record.at_ms, "changes": changes }),
+            )
+        })
+        .take(history_len)
+        .collect();
+    let mut body = head;
+    body["rule"] = json!(rule_id);
+    body["limit"] = json!(rule.limit);
+    body["fallback"] = json!(rule.fallback);
+    body["history"] = json!(history);
+    match &query.key {
+        None => {
+            let mut keys: Vec<(&String, u64)> = rule
+                .keys
+                .iter()
+                .map(|(k, e)| (k, e.demand.values().sum::<f64>() as u64))
+                .collect();
+            keys.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+            body["split"] = shares_json(&rule.split);
+            body["demand"] = json!(rule.demand);
+            body["key_entries"] = json!(keys
+                .iter()
+                .take(100)
+                .map(|(k, _)| json!({ "key": k, "shares": shares_json(&rule.keys[*k].shares), "demand": rule.keys[*k].demand }))
+                .collect::<Vec<_>>());
+            body["tracked_keys"] = json!(api.allocator.tracked_keys(&rule_id));
+        }
+        Some(key) => {
+            body["key"] = json!(key);
+            match rule.keys.get(key) {
+                Some(entry) => {
+                    body["source"] = json!("key_entry");
+                    body["shares"] = shares_json(&entry.shares);
+                    body["demand"] = json!(entry.demand);
+                }
+                None => {
+                    body["source"] = json!("rule_split");
+                    body["shares"] = shares_json(&rule.split);
+                    body["demand"] = json!(rule.demand);
+                }
+            }
+        }
+    }
+    Json(body).into_response()
+}
+
+/// `GET /api/v1/leases`: every region's lease, acknowledgement and status,
+/// and (on the leader) the pods heard and the epoch each holds.
+async fn get_leases(State(api): State<Api>, uri: Uri, headers: HeaderMap) -> Response {
+    let consistency = match read_mode(&api, &uri, &headers).await {
+        Ok(c) => c,
+        Err(relayed) => return relayed,
+    };
+    let applied = api.node.applied.borrow().clone();
+    let state = &applied.registry.allocations;
+    let now = unix_ms_now();
+    let pods = api.allocator.pods();
+    let regions: Vec<Value> = applied
+        .registry
+        .regions
+        .values()
+        .map(|r| {
+            let lease = state.regions.get(&r.name).copied().unwrap_or_default();
+            let region_pods: Vec<Value> = pods
+                .iter()
+                .filter(|(region, ..)| *region == r.name)
+                .map(|(_, pod, epoch, at)| json!({ "pod": pod, "epoch": epoch, "last_heard_unix_ms": at }))
+                .collect();
+            json!({
+                "region": r.name,
+                "state": r.state,
+                "weight": r.weight,
+                "valid_until_unix_ms": lease.valid_until_ms,
+                "lease": if lease.valid_until_ms >= now { "valid" } else { "lapsed" },
+                "expires_in_ms": lease.valid_until_ms - now,
+                "acked_epoch": lease.acked,
+                "last_heard_unix_ms": lease.last_heard_ms,
+                "pods": region_pods,
+            })
+        })
+        .collect();
+    Json(json!({
+        "consistency": consistency,
+        "epoch": state.epoch,
+        "regions": regions,
+        "pods_known_here": !pods.is_empty(),
+    }))
+    .into_response()
 }

@@ -9,21 +9,27 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use super::allocator::{Allocator, FORWARDED};
 use super::raft::storage::Applied;
 use super::state::{RuleSetVersion, Stage};
+use crate::allocation::Allocations;
+use crate::allocation::table::region_update;
 use crate::proto::meridian::v1 as pb;
 use crate::proto::meridian::v1::coordinator_server;
 
-/// Serves `WatchRules` from the node's applied state.
+/// Serves the watch streams from the node's applied state; hands reports to
+/// the allocator (which relays them to the leader).
 pub struct CoordinatorService {
     applied: watch::Receiver<Arc<Applied>>,
+    allocator: Arc<Allocator>,
 }
 
 impl CoordinatorService {
     pub fn server(
         applied: watch::Receiver<Arc<Applied>>,
+        allocator: Arc<Allocator>,
     ) -> coordinator_server::CoordinatorServer<CoordinatorService> {
-        coordinator_server::CoordinatorServer::new(CoordinatorService { applied })
+        coordinator_server::CoordinatorServer::new(CoordinatorService { applied, allocator })
     }
 }
 
@@ -72,6 +78,7 @@ fn rules_key(u: &pb::RuleSetUpdate) -> RulesKey {
 }
 
 type UpdateStream = Pin<Box<dyn Stream<Item = Result<pb::RuleSetUpdate, Status>> + Send>>;
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchUpdate, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl coordinator_server::Coordinator for CoordinatorService {
@@ -104,5 +111,74 @@ impl coordinator_server::Coordinator for CoordinatorService {
             tracing::debug!(%region, "rules watch ended");
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let pb::WatchRequest { region, pod } = request.into_inner();
+        if region.is_empty() {
+            return Err(Status::invalid_argument("region must not be empty"));
+        }
+        tracing::info!(%region, %pod, "limiter watching rules and allocations");
+        let mut applied = self.applied.clone();
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut rules_sent = None;
+            // What this stream last sent of the allocations, to send only
+            // what changed since (several epochs may pass between wakes).
+            let mut allocations_sent: Option<Allocations> = None;
+            loop {
+                let state = applied.borrow_and_update().clone();
+                let rules = update(&state);
+                let key = rules_key(&rules);
+                let rules = (rules_sent.as_ref() != Some(&key)).then_some(rules);
+                let current = &state.registry.allocations;
+                let allocations = match &allocations_sent {
+                    None => region_update(current, &region, None),
+                    Some(sent) if sent.epoch < current.epoch => {
+                        region_update(current, &region, Some(&sent.diff(current)))
+                    }
+                    Some(_) => None,
+                };
+                if rules.is_some() || allocations.is_some() {
+                    let message = pb::WatchUpdate {
+                        rules,
+                        allocations: allocations.as_ref().map(pb::AllocationUpdate::from),
+                    };
+                    if tx.send(Ok(message)).await.is_err() {
+                        break;
+                    }
+                    rules_sent = Some(key);
+                }
+                if allocations_sent
+                    .as_ref()
+                    .is_none_or(|s| s.epoch < current.epoch)
+                {
+                    allocations_sent = Some(current.clone());
+                }
+                tokio::select! {
+                    changed = applied.changed() => if changed.is_err() { break },
+                    () = tx.closed() => break,
+                }
+            }
+            tracing::debug!(%region, %pod, "watch ended");
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn report(
+        &self,
+        request: Request<pb::DemandReport>,
+    ) -> Result<Response<pb::ReportReply>, Status> {
+        let forwarded = request.metadata().contains_key(FORWARDED);
+        let epoch = self
+            .allocator
+            .report(request.into_inner(), forwarded)
+            .await?;
+        Ok(Response::new(pb::ReportReply { epoch }))
     }
 }

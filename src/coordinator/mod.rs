@@ -6,6 +6,7 @@
 //! `Coordinator` service for limiters); `--http-addr` serves the admin API,
 //! `/healthz` and `/metrics`.
 
+pub mod allocator;
 pub mod api;
 pub mod grpc;
 pub mod node;
@@ -80,6 +81,95 @@ pub struct CoordinatorArgs {
     /// traffic at once. 0 turns the check off.
     #[arg(long, default_value_t = 0.0)]
     pub shared_rule_floor: f64,
+
+    /// How often the leader re-divides global limits from reported demand
+    /// (also after acknowledgements and top-up requests). Keep it at least
+    /// the limiters' --report-interval.
+    #[arg(long, default_value = "60s", value_parser = crate::rules::parse_duration)]
+    pub rebalance_interval: Duration,
+    /// How long an allocation stays valid without renewal; a region cut off
+    /// from every coordinator falls to its rules' fallback share after it.
+    #[arg(long, default_value = "180s", value_parser = crate::rules::parse_duration)]
+    pub lease: Duration,
+    /// `partition: available` rules: silence after which a region's share
+    /// above its fallback is given to others (must be shorter than --lease).
+    #[arg(long, default_value = "30s", value_parser = crate::rules::parse_duration)]
+    pub suspect_after: Duration,
+    /// Clock skew allowed between coordinators and regions: a lease counts as
+    /// lapsed at the centre only this long after it ran out.
+    #[arg(long, default_value = "1s", value_parser = crate::rules::parse_duration)]
+    pub skew_margin: Duration,
+    /// Weight of the newest demand sample in the moving average (0–1].
+    #[arg(long, default_value_t = 0.5)]
+    pub ewma_alpha: f64,
+    /// Extra room granted above smoothed demand, as a fraction (0.1 = 10 %).
+    #[arg(long, default_value_t = 0.1)]
+    pub headroom: f64,
+    /// Share of its static (weight) share every active region keeps.
+    #[arg(long, default_value_t = 0.1)]
+    pub floor: f64,
+    /// Moves smaller than this fraction of a limit are not published.
+    #[arg(long, default_value_t = 0.02)]
+    pub hysteresis: f64,
+    /// Most of a limit moved into or out of a region per epoch (fraction);
+    /// off by default — shrink before grow already keeps the sum safe.
+    #[arg(long)]
+    pub max_shift: Option<f64>,
+    /// Keys per global rule that may get their own allocation.
+    #[arg(long, default_value_t = 1000)]
+    pub max_key_entries: usize,
+}
+
+impl CoordinatorArgs {
+    /// The rebalancer's settings, checked.
+    pub fn allocator_config(&self) -> Result<allocator::AllocatorConfig, String> {
+        let fraction = |name: &str, v: f64| {
+            if (0.0..=1.0).contains(&v) {
+                Ok(v)
+            } else {
+                Err(format!("--{name} {v}: must be between 0 and 1"))
+            }
+        };
+        if self.rebalance_interval < Duration::from_millis(100) {
+            return Err(format!(
+                "--rebalance-interval {:?}: at least 100ms",
+                self.rebalance_interval
+            ));
+        }
+        if self.suspect_after >= self.lease {
+            return Err(format!(
+                "--suspect-after {:?} must be shorter than --lease {:?}",
+                self.suspect_after, self.lease
+            ));
+        }
+        if !(self.ewma_alpha > 0.0 && self.ewma_alpha <= 1.0) {
+            return Err(format!(
+                "--ewma-alpha {}: must be in (0, 1]",
+                self.ewma_alpha
+            ));
+        }
+        if !(self.headroom >= 0.0 && self.headroom.is_finite()) {
+            return Err(format!("--headroom {}: must be 0 or more", self.headroom));
+        }
+        let max_shift = match self.max_shift {
+            Some(v) => Some(fraction("max-shift", v)?),
+            None => None,
+        };
+        Ok(allocator::AllocatorConfig {
+            rebalance_interval: self.rebalance_interval,
+            rebalancer: crate::allocation::Config {
+                lease_ms: self.lease.as_millis() as i64,
+                suspect_after_ms: self.suspect_after.as_millis() as i64,
+                skew_margin_ms: self.skew_margin.as_millis() as i64,
+                ewma_alpha: self.ewma_alpha,
+                headroom: self.headroom,
+                floor: fraction("floor", self.floor)?,
+                hysteresis: fraction("hysteresis", self.hysteresis)?,
+                max_shift,
+                max_key_entries: self.max_key_entries,
+            },
+        })
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -206,6 +296,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         )));
     }
     let config = Arc::new(raft_config(&args)?);
+    let allocator_config = args.allocator_config().map_err(RunError::Config)?;
     let prometheus = PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| RunError::Metrics(e.to_string()))?;
@@ -247,6 +338,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         http: http.clone(),
     });
 
+    let allocator = allocator::Allocator::new(Arc::clone(&node), allocator_config);
     let grpc_listener = tokio::net::TcpListener::bind(args.raft_addr)
         .await
         .map_err(|source| RunError::Listen {
@@ -267,7 +359,10 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
     let grpc = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(RaftService::server(raft.clone()))
-            .add_service(CoordinatorService::server(applied.clone()))
+            .add_service(CoordinatorService::server(
+                applied.clone(),
+                Arc::clone(&allocator),
+            ))
             .serve_with_incoming_shutdown(
                 tonic::transport::server::TcpIncoming::from(grpc_listener),
                 stopped(stop_rx.clone()),
@@ -275,6 +370,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
     );
     let router = api::router(Api {
         node: Arc::clone(&node),
+        allocator: Arc::clone(&allocator),
         prometheus: prometheus.clone(),
         shared_rule_floor: args.shared_rule_floor,
     });
@@ -305,6 +401,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
             member.clone(),
         ))
     });
+    let rebalancer = tokio::spawn(Arc::clone(&allocator).run());
     let upkeep = tokio::spawn(watch_metrics(
         raft.clone(),
         prometheus.clone(),
@@ -318,6 +415,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         j.abort();
     }
     upkeep.abort();
+    rebalancer.abort();
     if let Err(e) = raft.shutdown().await {
         tracing::warn!(error = %e, "raft shutdown");
     }

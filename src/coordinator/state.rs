@@ -13,6 +13,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::allocation::{Allocations, EpochDelta};
+
 /// A rule-set version's place in the staged rollout.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -67,8 +69,7 @@ pub struct Region {
     pub updated_at_unix_ms: i64,
 }
 
-/// Every change to replicated state. Allocation epochs and drill records
-/// (issue 6) become further variants here.
+/// Every change to replicated state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Command {
     /// Create version N+1 from already validated files.
@@ -99,6 +100,11 @@ pub enum Command {
     DeleteRegion {
         name: String,
     },
+    /// The next allocation epoch, as the leader's rebalancer computed it from
+    /// the state at `delta.epoch - 1`. Refused unless it is exactly the next
+    /// epoch: a delta computed from an older state (a deposed leader, a race
+    /// of two rounds) must not be applied on top of a newer one.
+    Epoch(EpochDelta),
 }
 
 /// What applying a command did. A rejected command is still in the log (every
@@ -123,6 +129,8 @@ pub struct Registry {
     /// edited or deleted, so any of them can be rolled back to.
     pub versions: BTreeMap<u64, RuleSetVersion>,
     pub regions: BTreeMap<String, Region>,
+    /// Global limits divided between regions (see `crate::allocation`).
+    pub allocations: Allocations,
 }
 
 fn rejected(reason: impl Into<String>) -> Outcome {
@@ -279,6 +287,16 @@ impl Registry {
                         updated_at_unix_ms: at_unix_ms,
                     },
                 );
+                Outcome::Applied { version: None }
+            }
+            Command::Epoch(delta) => {
+                if delta.epoch != self.allocations.epoch + 1 {
+                    return rejected(format!(
+                        "epoch {} does not follow epoch {}",
+                        delta.epoch, self.allocations.epoch
+                    ));
+                }
+                self.allocations.apply(&delta);
                 Outcome::Applied { version: None }
             }
             Command::DeleteRegion { name } => {

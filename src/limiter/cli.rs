@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use super::engine::{Engine, EngineConfig};
+use super::global::Global;
 use super::grpc::{NativeService, RlsService};
 use super::http::{self, HttpState};
 use super::rule_feed;
@@ -100,6 +101,16 @@ pub struct LimiterArgs {
     #[arg(long, default_value_t = 128)]
     pub max_redis_in_flight: usize,
 
+    /// With --coordinator: how often demand for global rules is reported.
+    /// Keep it at most the coordinators' --rebalance-interval.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub report_interval: Duration,
+
+    /// This pod's id in demand reports and acknowledgements (unique within
+    /// the region) [default: host name and process id].
+    #[arg(long)]
+    pub pod_id: Option<String>,
+
     /// Keys the local over-limit cache holds at most.
     #[arg(long, default_value_t = 100_000)]
     pub cache_capacity: usize,
@@ -166,9 +177,16 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
             ..EngineConfig::default()
         },
     );
+    let pod = args.pod_id.clone().unwrap_or_else(default_pod_id);
+    let global = Arc::new(Global::new(
+        &args.region,
+        &pod,
+        !args.coordinator.is_empty(),
+    ));
     let limiter = Arc::new(Limiter {
         engine,
         rules: rules.clone(),
+        global: global.clone(),
     });
 
     let grpc = TcpListener::bind(args.grpc_addr)
@@ -193,11 +211,20 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
             let feed = rule_feed::Feed {
                 coordinators: args.coordinator.clone(),
                 region: args.region.clone(),
+                pod: pod.clone(),
                 cache: args.rules_cache.clone(),
+                global: global.clone(),
             };
             tokio::spawn(feed.run(rules.clone(), on_change))
         }
     };
+    let reporter = (!args.coordinator.is_empty()).then(|| {
+        tokio::spawn(
+            global
+                .clone()
+                .report_forever(args.coordinator.clone(), args.report_interval),
+        )
+    });
     let grpc_server = tonic::transport::Server::builder()
         .add_service(RateLimitServiceServer::new(RlsService {
             limiter: limiter.clone(),
@@ -249,12 +276,22 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     }
     watcher.abort();
     signals.abort();
+    if let Some(r) = reporter {
+        r.abort();
+    }
     // Hits admitted on the approximate path and not yet in Redis: hand them
     // over, or the other pods under-count this pod's last batch.
     if let Err(e) = limiter.engine.flush_approximate().await {
         tracing::warn!(error = %e, "approximate path: final flush failed; its hits are lost");
     }
     Ok(())
+}
+
+fn default_pod_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "pod".into());
+    format!("{host}-{}", std::process::id())
 }
 
 /// Accepted gRPC connections with Nagle off: tonic's own `tcp_nodelay` does not

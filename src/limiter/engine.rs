@@ -34,6 +34,9 @@ pub enum Source {
     FailClosed,
     /// Store failed: decided in memory at limit ÷ pods by `fail_mode: local`.
     FailLocal,
+    /// A global rule whose allocation in this region is 0 (or not received
+    /// yet): denied without a store call.
+    NoAllocation,
 }
 
 /// The engine's answer for one check.
@@ -55,6 +58,7 @@ impl Verdict {
             Source::FailClosed => "fail_closed",
             Source::FailLocal => "fail_local",
             Source::Cache => "cached_over_limit",
+            Source::NoAllocation => "no_allocation",
             Source::Store | Source::Unlimited => match self.decision.reason {
                 Some(DenyReason::OverLimit) => "over_limit",
                 Some(DenyReason::CostExceedsCapacity { .. }) => "cost_exceeds_capacity",
@@ -268,6 +272,25 @@ impl Engine {
             Some(b) => b.flush_now().await,
             None => Ok(()),
         }
+    }
+
+    /// The verdict for a global rule this region holds no allocation for
+    /// (shadow mode and metrics apply as to any other verdict).
+    pub fn unallocated(&self, rule: &Rule) -> Verdict {
+        let period = rule.params.as_ref().map_or(0, |p| p.period_us());
+        let until_window_end = period.saturating_sub(crate::store::system_now() % period.max(1));
+        let decision = Decision {
+            allowed: false,
+            limit: 0,
+            remaining: 0,
+            reset_after_us: until_window_end,
+            retry_after_us: until_window_end,
+            delay_us: 0,
+            reason: Some(DenyReason::OverLimit),
+        };
+        let verdict = shadow(rule, decision, Source::NoAllocation);
+        record(rule, &verdict, Duration::ZERO);
+        verdict
     }
 
     /// The store call behind the circuit breaker. Store errors other than bad

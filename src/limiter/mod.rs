@@ -5,6 +5,7 @@ mod breaker;
 mod cache;
 pub mod cli;
 pub mod engine;
+pub mod global;
 pub mod grpc;
 pub mod http;
 

@@ -1,8 +1,9 @@
-//! Rules from the coordinator: a limiter started with `--coordinator` follows
-//! the `WatchRules` stream of any coordinator node, enforces what its region
-//! should at the version's rollout stage, keeps the last rules it received
-//! while no coordinator answers, and caches them on disk so that a restart
-//! without a coordinator still enforces.
+//! Rules and allocations from the coordinator: a limiter started with
+//! `--coordinator` follows the `Watch` stream of any coordinator node,
+//! enforces what its region should at the version's rollout stage and hands
+//! allocation updates to `global`; it keeps the last rules it received while
+//! no coordinator answers, and caches them on disk so that a restart without
+//! a coordinator still enforces.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,9 +13,10 @@ use metrics::{counter, gauge};
 use serde::{Deserialize, Serialize};
 use tokio_stream::StreamExt;
 
+use super::global::Global;
 use super::rule_source::RuleSource;
 use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
-use crate::proto::meridian::v1::{RolloutStage, RuleSetUpdate, RuleSetVersion, WatchRulesRequest};
+use crate::proto::meridian::v1::{RolloutStage, RuleSetUpdate, RuleSetVersion, WatchRequest};
 use crate::rules::{RuleFile, RuleSet};
 
 /// What one region runs from one update: the version it enforces and the
@@ -133,7 +135,9 @@ pub fn save_cache(path: &Path, selection: &Selection) -> std::io::Result<()> {
 pub struct Feed {
     pub coordinators: Vec<String>,
     pub region: String,
+    pub pod: String,
     pub cache: PathBuf,
+    pub global: Arc<Global>,
 }
 
 impl Feed {
@@ -165,34 +169,41 @@ impl Feed {
             .connect()
             .await?;
         let mut stream = CoordinatorClient::new(channel)
-            .watch_rules(WatchRulesRequest {
+            .watch(WatchRequest {
                 region: self.region.clone(),
+                pod: self.pod.clone(),
             })
             .await?
             .into_inner();
-        tracing::info!(%url, "following the coordinator's rules");
+        tracing::info!(%url, "following the coordinator's rules and allocations");
         let mut last: Option<Selection> = None;
         while let Some(update) = stream.next().await {
-            let selection = select(&update?, &self.region);
-            if last.as_ref() == Some(&selection) {
-                continue;
-            }
-            match apply(source, &selection) {
-                Ok(()) => {
-                    on_change();
-                    tracing::info!(
-                        version = selection.enforce.as_ref().map(|v| v.number),
-                        shadow = selection.shadow.as_ref().map(|v| v.number),
-                        "rules from the coordinator applied"
-                    );
-                    if let Err(e) = save_cache(&self.cache, &selection) {
-                        tracing::warn!(path = %self.cache.display(), error = %e, "cannot write the rules cache");
+            let update = update?;
+            if let Some(rules) = &update.rules {
+                let selection = select(rules, &self.region);
+                if last.as_ref() != Some(&selection) {
+                    match apply(source, &selection) {
+                        Ok(()) => {
+                            on_change();
+                            tracing::info!(
+                                version = selection.enforce.as_ref().map(|v| v.number),
+                                shadow = selection.shadow.as_ref().map(|v| v.number),
+                                "rules from the coordinator applied"
+                            );
+                            if let Err(e) = save_cache(&self.cache, &selection) {
+                                tracing::warn!(path = %self.cache.display(), error = %e, "cannot write the rules cache");
+                            }
+                            last = Some(selection);
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "coordinator sent rules this limiter rejects")
+                        }
                     }
-                    last = Some(selection);
                 }
-                Err(e) => {
-                    tracing::error!(error = %e, "coordinator sent rules this limiter rejects")
-                }
+            }
+            // After the rules: a new global rule's window must be known.
+            if let Some(allocations) = &update.allocations {
+                self.global.apply(allocations, &source.current());
             }
         }
         Ok(())

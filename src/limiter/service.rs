@@ -7,6 +7,7 @@ use std::time::Duration;
 use futures::future::join_all;
 
 use super::engine::{Check, Engine, Verdict};
+use super::global::{Global, GlobalLimit};
 use super::rule_source::RuleSource;
 use crate::algorithm::{InvalidInput, Params};
 use crate::rules::{Rule, RuleSet, Unit};
@@ -19,6 +20,8 @@ pub const MAX_BATCH: usize = 1_000;
 pub struct Limiter {
     pub engine: Engine,
     pub rules: Arc<RuleSource>,
+    /// Allocations of global rules (and demand reports) when coordinated.
+    pub global: Arc<Global>,
 }
 
 /// A request-level input error: which field, which value, why.
@@ -125,7 +128,7 @@ impl Limiter {
                 cost: d.hits.unwrap_or(default_hits),
                 limit: m.limit.as_ref(),
             };
-            let verdict = self.engine.check(check).await?;
+            let verdict = self.decide(check).await?;
             Ok(Some(Outcome {
                 rule: m.rule.clone(),
                 verdict,
@@ -170,8 +173,7 @@ impl Limiter {
                 (false, n) => n,
             };
             let verdict = self
-                .engine
-                .check(Check {
+                .decide(Check {
                     rule: &rule,
                     counter_key: &counter_key,
                     cost,
@@ -181,6 +183,39 @@ impl Limiter {
             Ok(Some(Outcome { rule, verdict }))
         });
         Ok(join_all(futures).await)
+    }
+}
+
+impl Limiter {
+    /// One check: a global rule runs against this region's allocation (and
+    /// is counted for the demand report); every other rule as is. An Envoy
+    /// per-descriptor `limit` override wins over the allocation.
+    async fn decide(&self, check: Check<'_>) -> Result<Verdict, InvalidInput> {
+        if check.limit.is_some() {
+            return self.engine.check(check).await;
+        }
+        let verdict = match self.global.limit(check.rule, check.counter_key)? {
+            GlobalLimit::Rule => return self.engine.check(check).await,
+            GlobalLimit::Allocated(params) => {
+                self.engine
+                    .check(Check {
+                        limit: Some(&params),
+                        ..check
+                    })
+                    .await?
+            }
+            GlobalLimit::Nothing => self.engine.unallocated(check.rule),
+        };
+        let d = &verdict.decision;
+        self.global.record(
+            check.rule,
+            check.counter_key,
+            check.cost,
+            d.allowed && !verdict.shadow_denied,
+            d.limit,
+            d.remaining,
+        );
+        Ok(verdict)
     }
 }
 

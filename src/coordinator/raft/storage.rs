@@ -349,10 +349,12 @@ fn load_applied(db: &Database) -> Result<Applied, DiskError> {
     let header: Option<(Option<LogId>, StoredMembership)> = get_meta(db, SM_META, "applied")?;
     let regions: Option<std::collections::BTreeMap<String, Region>> =
         get_meta(db, SM_META, "regions")?;
+    let allocations: Option<crate::allocation::Allocations> = get_meta(db, SM_META, "allocations")?;
     let txn = db.begin_read()?;
     let t = txn.open_table(VERSIONS)?;
     let mut registry = Registry {
         regions: regions.unwrap_or_default(),
+        allocations: allocations.unwrap_or_default(),
         ..Registry::default()
     };
     for item in t.range::<u64>(..)? {
@@ -380,6 +382,7 @@ fn persist_applied(
 ) -> Result<(), DiskError> {
     let header = bincode::serialize(&(applied.last_applied, &applied.membership))?;
     let regions = bincode::serialize(&applied.registry.regions)?;
+    let allocations = bincode::serialize(&applied.registry.allocations)?;
     let mut txn = db.begin_write()?;
     txn.set_durability(durability)?;
     {
@@ -393,6 +396,7 @@ fn persist_applied(
         let mut m = txn.open_table(SM_META)?;
         m.insert("applied", header.as_slice())?;
         m.insert("regions", regions.as_slice())?;
+        m.insert("allocations", allocations.as_slice())?;
     }
     txn.commit()?;
     Ok(())

@@ -1,0 +1,409 @@
+//! Global limits on the coordinator: demand reports in, allocation epochs out.
+//!
+//! Every node accepts reports; a follower forwards them to the leader. The
+//! leader keeps demand (EWMA) and acknowledgements in memory, runs the pure
+//! rebalancer (`crate::allocation::rebalance`) every `--rebalance-interval`,
+//! after acknowledgements (to grant what shrinks released) and after early
+//! top-up requests, and commits each epoch through Raft as a delta with the
+//! smoothed demand it used. A new leader seeds its demand from that committed
+//! state, so it continues without a learning period; it starts with no
+//! acknowledgements, which only delays grows (shrinks stay counted at their
+//! old value until pods report again).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use metrics::{counter, gauge, histogram};
+use tokio::sync::Notify;
+use tonic::Status;
+
+use super::node::{Node, Write};
+use super::raft::storage::Applied;
+use super::state::{Command, RegionState, Registry, Stage};
+use crate::allocation::demand::{AckTracker, DemandTracker, KeyDemand};
+use crate::allocation::rebalance::{Round, is_noop, rebalance};
+use crate::allocation::{self, Millis, RegionInput, RegionStatus, RulePolicy};
+use crate::proto::meridian::v1 as pb;
+use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
+use crate::rules::{RuleFile, RuleSet, Scope};
+
+/// gRPC metadata marking a report relayed by another node.
+pub const FORWARDED: &str = "x-meridian-forwarded";
+
+/// Out-of-cycle rounds for top-ups run at most this often.
+const TOP_UP_GAP: Duration = Duration::from_secs(1);
+/// Acknowledgements arriving together are handled in one round.
+const ACK_DEBOUNCE: Duration = Duration::from_millis(20);
+
+#[derive(Debug, Clone)]
+pub struct AllocatorConfig {
+    pub rebalance_interval: Duration,
+    pub rebalancer: allocation::Config,
+}
+
+pub struct Allocator {
+    node: Arc<Node>,
+    config: AllocatorConfig,
+    inbox: Mutex<Inbox>,
+    wake: Notify,
+    leader_client:
+        tokio::sync::Mutex<Option<(String, CoordinatorClient<tonic::transport::Channel>)>>,
+}
+
+#[derive(Default)]
+struct Inbox {
+    demand: DemandTracker,
+    acks: AckTracker,
+    /// The Raft term whose leadership seeded `demand`; `None` while following.
+    seeded_term: Option<u64>,
+    last_roll: Option<Instant>,
+    top_up: bool,
+    last_top_up_round: Option<Instant>,
+    /// Regions that reported but are not registered.
+    unknown_regions: BTreeSet<String>,
+    policies: Policies,
+}
+
+/// The global rules of the enforced rule-set version.
+#[derive(Default, Clone)]
+struct Policies {
+    version: Option<u64>,
+    rules: Vec<RulePolicy>,
+    period_ms: HashMap<String, u64>,
+}
+
+fn now_ms() -> Millis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as Millis)
+}
+
+impl Allocator {
+    pub fn new(node: Arc<Node>, config: AllocatorConfig) -> Arc<Allocator> {
+        Arc::new(Allocator {
+            inbox: Mutex::new(Inbox {
+                demand: DemandTracker::new(config.rebalancer.ewma_alpha),
+                ..Inbox::default()
+            }),
+            node,
+            config,
+            wake: Notify::new(),
+            leader_client: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inbox> {
+        // A panic while holding the lock leaves counters, not invariants.
+        self.inbox.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn is_leader(&self) -> bool {
+        let m = self.node.raft.metrics().borrow().clone();
+        m.current_leader == Some(self.node.id)
+    }
+
+    /// Accepts a report here (leader) or relays it to the leader.
+    pub async fn report(&self, report: pb::DemandReport, forwarded: bool) -> Result<u64, Status> {
+        if report.region.is_empty() || report.pod.is_empty() {
+            return Err(Status::invalid_argument("region and pod must not be empty"));
+        }
+        if self.is_leader() {
+            self.ingest(&report);
+            return Ok(self.node.applied.borrow().registry.allocations.epoch);
+        }
+        if forwarded {
+            return Err(Status::unavailable(
+                "not the leader (a relayed report is not relayed again)",
+            ));
+        }
+        let Some((_, leader)) = self.node.leader() else {
+            return Err(Status::unavailable("no leader known; retry"));
+        };
+        let mut cached = self.leader_client.lock().await;
+        let client = match cached.as_ref() {
+            Some((addr, client)) if *addr == leader.raft_addr => client.clone(),
+            _ => {
+                let endpoint =
+                    tonic::transport::Endpoint::from_shared(format!("http://{}", leader.raft_addr))
+                        .map_err(|e| Status::internal(e.to_string()))?
+                        .connect_timeout(Duration::from_secs(1))
+                        .timeout(Duration::from_secs(5));
+                let client = CoordinatorClient::new(endpoint.connect_lazy());
+                *cached = Some((leader.raft_addr.clone(), client.clone()));
+                client
+            }
+        };
+        drop(cached);
+        let mut request = tonic::Request::new(report);
+        request
+            .metadata_mut()
+            .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+        let mut client = client;
+        counter!("meridian_coordinator_reports_forwarded_total").increment(1);
+        Ok(client.report(request).await?.into_inner().epoch)
+    }
+
+    fn ingest(&self, report: &pb::DemandReport) {
+        let now = now_ms();
+        let applied = self.node.applied.borrow().clone();
+        let mut inbox = self.lock();
+        refresh_policies(&mut inbox.policies, &applied.registry);
+        if !applied.registry.regions.contains_key(&report.region) {
+            inbox.unknown_regions.insert(report.region.clone());
+        }
+        let before = inbox
+            .acks
+            .region(&report.region, now, self.config.rebalancer.lease_ms)
+            .0;
+        inbox
+            .acks
+            .record(&report.pod, &report.region, report.epoch, now);
+        let after = inbox
+            .acks
+            .region(&report.region, now, self.config.rebalancer.lease_ms)
+            .0;
+        for rd in &report.rules {
+            let Some(period) = inbox.policies.period_ms.get(&rd.rule).copied() else {
+                continue;
+            };
+            let keys: Vec<KeyDemand> = rd
+                .keys
+                .iter()
+                .map(|k| KeyDemand {
+                    key: k.key.clone(),
+                    asked: k.asked,
+                    allowed: k.allowed,
+                })
+                .collect();
+            inbox
+                .demand
+                .record(&report.region, &rd.rule, period, &keys, rd.remainder_asked);
+        }
+        let mut wake = after > before;
+        for t in &report.top_ups {
+            let Some(period) = inbox.policies.period_ms.get(&t.rule).copied() else {
+                continue;
+            };
+            if t.per_period.is_finite() && t.per_period >= 0.0 {
+                inbox
+                    .demand
+                    .bump(&report.region, &t.rule, period, &t.key, t.per_period);
+                inbox.top_up = true;
+                wake = true;
+                counter!("meridian_coordinator_top_ups_total").increment(1);
+            }
+        }
+        counter!("meridian_coordinator_reports_total").increment(1);
+        drop(inbox);
+        if wake {
+            self.wake.notify_one();
+        }
+    }
+
+    /// The leader's loop; runs on every node, acts only while leading.
+    pub async fn run(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.config.rebalance_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let scheduled = tokio::select! {
+                _ = tick.tick() => true,
+                () = self.wake.notified() => {
+                    tokio::time::sleep(ACK_DEBOUNCE).await;
+                    false
+                }
+            };
+            if !self.is_leader() {
+                self.lock().seeded_term = None;
+                continue;
+            }
+            if let Err(e) = self.round(scheduled).await {
+                tracing::warn!(error = %e, "rebalance round failed");
+                counter!("meridian_coordinator_rebalance_failures_total").increment(1);
+            }
+        }
+    }
+
+    async fn round(&self, scheduled: bool) -> Result<(), String> {
+        let applied: Arc<Applied> = self.node.applied.borrow().clone();
+        let term = self.node.raft.metrics().borrow().current_term;
+        let now = now_ms();
+        let started = Instant::now();
+        let cfg = &self.config.rebalancer;
+        let (next, unknown) = {
+            let mut inbox = self.lock();
+            if inbox.seeded_term != Some(term) {
+                // New leadership: continue from the committed demand.
+                inbox.demand = DemandTracker::new(cfg.ewma_alpha);
+                inbox.demand.seed(&applied.registry.allocations);
+                inbox.seeded_term = Some(term);
+                inbox.last_roll = Some(Instant::now());
+                tracing::info!(
+                    epoch = applied.registry.allocations.epoch,
+                    "leading: demand seeded from the last epoch"
+                );
+            }
+            refresh_policies(&mut inbox.policies, &applied.registry);
+            let policies = inbox.policies.clone();
+            inbox
+                .demand
+                .retain_rules(|r| policies.period_ms.contains_key(r));
+            let since_roll = inbox.last_roll.map_or(Duration::ZERO, |t| t.elapsed());
+            // A scheduled round rolls the interval's reports into the EWMA;
+            // right after seeding there is nothing to roll yet.
+            let full = scheduled && since_roll >= self.config.rebalance_interval / 2;
+            let top_up = !full
+                && inbox.top_up
+                && inbox
+                    .last_top_up_round
+                    .is_none_or(|t| t.elapsed() >= TOP_UP_GAP);
+            if full {
+                inbox.demand.roll(since_roll.as_millis() as u64);
+                inbox.last_roll = Some(Instant::now());
+            }
+            if full || top_up {
+                inbox.top_up = false;
+                inbox.last_top_up_round = Some(Instant::now());
+            }
+            inbox.acks.forget_before(now - 2 * cfg.lease_ms);
+            let regions = region_inputs(&applied.registry, &inbox.acks, now, cfg.lease_ms);
+            let round = Round {
+                now_ms: now,
+                regions: &regions,
+                rules: &policies.rules,
+                demand: (full || top_up).then_some(&inbox.demand),
+            };
+            let next = rebalance(&applied.registry.allocations, &round, cfg);
+            (next, std::mem::take(&mut inbox.unknown_regions))
+        };
+        histogram!("meridian_coordinator_rebalance_seconds")
+            .record(started.elapsed().as_secs_f64());
+        if !unknown.is_empty() {
+            // Give the new regions a lease and a share without waiting for
+            // the next scheduled round.
+            self.lock().top_up = true;
+            self.wake.notify_one();
+        }
+        for name in unknown {
+            // A region exists once its limiters report: register it with
+            // weight 1 so it gets a share (operators adjust the weight).
+            tracing::info!(region = %name, "registering a region that reported");
+            let command = Command::PutRegion {
+                name,
+                weight: 1.0,
+                state: RegionState::Active,
+                at_unix_ms: now,
+            };
+            if let Err(e) = self.node.write(Write::Command(command), false).await {
+                tracing::warn!(error = %e, "cannot register region");
+            }
+        }
+        let state = &applied.registry.allocations;
+        if is_noop(state, &next) {
+            return Ok(());
+        }
+        let delta = state.diff(&next);
+        let epoch = delta.epoch;
+        let bytes = bincode::serialized_size(&delta).unwrap_or(0);
+        self.node
+            .raft
+            .client_write(Command::Epoch(delta))
+            .await
+            .map_err(|e| e.to_string())?;
+        gauge!("meridian_coordinator_allocation_epoch").set(epoch as f64);
+        histogram!("meridian_coordinator_epoch_delta_bytes").record(bytes as f64);
+        counter!("meridian_coordinator_epochs_total").increment(1);
+        tracing::debug!(epoch, bytes, "allocation epoch committed");
+        Ok(())
+    }
+
+    /// Pods and the epoch each holds, for the admin API.
+    pub fn pods(&self) -> Vec<(String, String, u64, Millis)> {
+        self.lock().acks.pods()
+    }
+
+    /// Keys with tracked demand per global rule (leader only), for the admin API.
+    pub fn tracked_keys(&self, rule: &str) -> usize {
+        self.lock().demand.key_count(rule)
+    }
+}
+
+fn region_inputs(
+    registry: &Registry,
+    acks: &AckTracker,
+    now: Millis,
+    lease_ms: i64,
+) -> Vec<RegionInput> {
+    registry
+        .regions
+        .values()
+        .map(|r| {
+            let (acked, heard) = acks.region(&r.name, now, lease_ms);
+            RegionInput {
+                name: r.name.clone(),
+                weight: r.weight,
+                status: match r.state {
+                    RegionState::Active => RegionStatus::Active,
+                    RegionState::Draining => RegionStatus::Draining,
+                    RegionState::Failed => RegionStatus::Failed,
+                },
+                last_heard_ms: heard,
+                acked,
+            }
+        })
+        .collect()
+}
+
+/// The rule-set version every region enforces: the current one once it is
+/// at stage `all`, else the last stable one.
+fn enforced_version(registry: &Registry) -> Option<&super::state::RuleSetVersion> {
+    match registry.current() {
+        Some(v) if v.stage == Stage::All => Some(v),
+        _ => registry.stable(),
+    }
+}
+
+fn refresh_policies(policies: &mut Policies, registry: &Registry) {
+    let version = enforced_version(registry);
+    let number = version.map(|v| v.number);
+    if policies.version == number && number.is_some() {
+        return;
+    }
+    *policies = Policies {
+        version: number,
+        ..Policies::default()
+    };
+    let Some(version) = version else { return };
+    let files: Vec<RuleFile> = version
+        .files
+        .iter()
+        .map(|(name, text)| RuleFile {
+            name: name.clone(),
+            text: text.clone(),
+        })
+        .collect();
+    let set = match RuleSet::parse(&files) {
+        Ok(set) => set,
+        Err(e) => {
+            // Validated before commit; a parser change could still refuse it.
+            tracing::error!(version = version.number, error = %e, "enforced rule set no longer parses");
+            return;
+        }
+    };
+    for rule in set.rules() {
+        let Some(params) = &rule.params else { continue };
+        if rule.scope != Scope::Global {
+            continue;
+        }
+        policies.rules.push(RulePolicy {
+            rule: rule.id.clone(),
+            limit: params.limit(),
+            partition: rule.partition,
+            fallback: rule.fallback,
+        });
+        policies
+            .period_ms
+            .insert(rule.id.clone(), params.period().as_millis() as u64);
+    }
+    policies.rules.sort_by(|a, b| a.rule.cmp(&b.rule));
+}

@@ -1,0 +1,326 @@
+//! Global rules in a region: enforce this region's allocation, report demand,
+//! acknowledge epochs, ask for early top-ups.
+//!
+//! The allocation arrives on the coordinator stream (`rule_feed`) and lives
+//! in an [`allocation::table::Table`]: epoch fencing, window-boundary
+//! switching and lease fallback are the pure module's. A check of a global
+//! rule passes this region's value as the limit to the ordinary hot path —
+//! no cross-region call. Without `--coordinator` there is no allocation and a
+//! global rule is enforced at its whole limit (one region).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use metrics::{counter, gauge};
+use tokio::sync::Notify;
+
+use crate::algorithm::{Algorithm, InvalidInput, Params};
+use crate::allocation::demand::{KeyDemand, bound_report};
+use crate::allocation::table::{RegionUpdate, Table};
+use crate::allocation::{Millis, TOP_UP_AT};
+use crate::proto::meridian::v1 as pb;
+use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
+use crate::rules::{Rule, RuleSet, Scope};
+
+/// Keys per rule in one report; the rest is summed into a remainder.
+pub const REPORT_TOP_KEYS: usize = 1_000;
+/// A key asks for a top-up at most this often.
+const TOP_UP_EVERY: Duration = Duration::from_secs(1);
+
+/// What limit a check runs against.
+#[derive(Debug, Clone)]
+pub enum GlobalLimit {
+    /// Not a global rule here (or no coordinator): the rule's own limit.
+    Rule,
+    /// This region's allocation.
+    Allocated(Params),
+    /// The region holds nothing for this key (allocation 0, or none received
+    /// yet): deny without a store call.
+    Nothing,
+}
+
+pub struct Global {
+    region: String,
+    pod: String,
+    coordinated: bool,
+    table: RwLock<Table>,
+    demand: Mutex<Demand>,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct Demand {
+    /// (rule, key) → (asked, allowed) since the last report.
+    hits: HashMap<(String, String), (u64, u64)>,
+    since: Option<Instant>,
+    top_ups: Vec<pb::TopUp>,
+    last_top_up: HashMap<(String, String), Instant>,
+}
+
+fn now_ms() -> Millis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as Millis)
+}
+
+fn windowed(algorithm: Algorithm) -> bool {
+    matches!(
+        algorithm,
+        Algorithm::FixedWindow | Algorithm::SlidingWindowLog | Algorithm::SlidingWindowCounter
+    )
+}
+
+impl Global {
+    pub fn new(region: &str, pod: &str, coordinated: bool) -> Global {
+        Global {
+            region: region.to_string(),
+            pod: pod.to_string(),
+            coordinated,
+            table: RwLock::new(Table::default()),
+            demand: Mutex::new(Demand::default()),
+            wake: Notify::new(),
+        }
+    }
+
+    /// A limiter that takes no allocations (rules from files, the library).
+    pub fn uncoordinated() -> Global {
+        Global::new("", "", false)
+    }
+
+    fn demand(&self) -> std::sync::MutexGuard<'_, Demand> {
+        self.demand.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn is_global(&self, rule: &Rule) -> bool {
+        self.coordinated && rule.scope == Scope::Global && rule.params.is_some()
+    }
+
+    /// The limit for `key` of `rule` in this region now.
+    pub fn limit(&self, rule: &Rule, key: &str) -> Result<GlobalLimit, InvalidInput> {
+        if !self.is_global(rule) {
+            return Ok(GlobalLimit::Rule);
+        }
+        let Some(params) = &rule.params else {
+            return Ok(GlobalLimit::Rule);
+        };
+        let table = self.table.read().unwrap_or_else(|p| p.into_inner());
+        let Some(allocated) = table.limit(&rule.id, key, now_ms()) else {
+            return Ok(GlobalLimit::Nothing);
+        };
+        if allocated == 0 {
+            return Ok(GlobalLimit::Nothing);
+        }
+        let allocated = allocated.min(params.limit());
+        if allocated == params.limit() {
+            return Ok(GlobalLimit::Allocated(params.clone()));
+        }
+        // Buckets: the burst is divided in the same proportion as the rate.
+        let burst = params.algorithm().has_burst().then(|| {
+            let b =
+                (params.burst() as u128 * allocated as u128 / params.limit().max(1) as u128) as i64;
+            b.max(1)
+        });
+        Ok(GlobalLimit::Allocated(Params::new(
+            params.algorithm(),
+            allocated as i64,
+            params.period(),
+            burst,
+        )?))
+    }
+
+    /// Counts a decided check of a global rule; asks for a top-up when the
+    /// key used 90 % of its allocation before the window is over.
+    pub fn record(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        allowed: bool,
+        limit: u64,
+        remaining: u64,
+    ) {
+        if !self.is_global(rule) || cost == 0 {
+            return;
+        }
+        let mut demand = self.demand();
+        if demand.since.is_none() {
+            demand.since = Some(Instant::now());
+        }
+        let id = (rule.id.clone(), key.to_string());
+        let hits = demand.hits.entry(id.clone()).or_insert((0, 0));
+        hits.0 += cost;
+        if allowed {
+            hits.1 += cost;
+        }
+        let used = limit.saturating_sub(remaining);
+        if limit == 0 || (used as f64) < TOP_UP_AT * limit as f64 {
+            return;
+        }
+        let due = demand
+            .last_top_up
+            .get(&id)
+            .is_none_or(|t| t.elapsed() >= TOP_UP_EVERY);
+        let Some(params) = &rule.params else { return };
+        if !due {
+            return;
+        }
+        // The key's pace this window, stretched to a whole window.
+        let period = params.period().as_millis().max(1) as i64;
+        let elapsed = (now_ms().rem_euclid(period) as f64 / period as f64).max(0.05);
+        let per_period = (used as f64 / elapsed).max(limit as f64);
+        demand.last_top_up.insert(id, Instant::now());
+        demand.top_ups.push(pb::TopUp {
+            rule: rule.id.clone(),
+            key: key.to_string(),
+            per_period,
+        });
+        if demand.last_top_up.len() > 10_000 {
+            demand.last_top_up.retain(|_, t| t.elapsed() < TOP_UP_EVERY);
+        }
+        drop(demand);
+        counter!("meridian_allocation_top_ups_total", "rule" => rule.id.clone()).increment(1);
+        self.wake.notify_one();
+    }
+
+    /// Applies an allocation update from the coordinator stream.
+    pub fn apply(&self, update: &pb::AllocationUpdate, rules: &RuleSet) {
+        let update = RegionUpdate::from(update);
+        let window = |id: &str| {
+            let params = rules.rule(id)?.params.as_ref()?;
+            windowed(params.algorithm()).then(|| params.period().as_millis() as u64)
+        };
+        let result =
+            self.table
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .apply(&update, now_ms(), window);
+        match result {
+            Ok(()) => {
+                gauge!("meridian_allocation_epoch").set(update.epoch as f64);
+                gauge!("meridian_allocation_valid_until_seconds")
+                    .set(update.valid_until_ms as f64 / 1000.0);
+                tracing::debug!(
+                    epoch = update.epoch,
+                    full = update.full,
+                    "allocation applied"
+                );
+                // Acknowledge at once: grows elsewhere wait for it.
+                self.wake.notify_one();
+            }
+            Err(refused) => {
+                counter!("meridian_allocation_stale_updates_total").increment(1);
+                tracing::debug!(?refused, "allocation update ignored");
+            }
+        }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.table.read().unwrap_or_else(|p| p.into_inner()).epoch()
+    }
+
+    /// The report to send now: demand since the last one (bounded per rule),
+    /// pending top-ups, and the epoch held.
+    fn take_report(&self, with_demand: bool) -> pb::DemandReport {
+        let mut demand = self.demand();
+        let top_ups = std::mem::take(&mut demand.top_ups);
+        let mut report = pb::DemandReport {
+            region: self.region.clone(),
+            pod: self.pod.clone(),
+            epoch: self.epoch(),
+            top_ups,
+            ..Default::default()
+        };
+        if !with_demand {
+            return report;
+        }
+        report.interval_ms = demand
+            .since
+            .replace(Instant::now())
+            .map_or(0, |t| t.elapsed().as_millis() as u64);
+        let mut by_rule: HashMap<String, Vec<KeyDemand>> = HashMap::new();
+        for ((rule, key), (asked, allowed)) in demand.hits.drain() {
+            by_rule.entry(rule).or_default().push(KeyDemand {
+                key,
+                asked,
+                allowed,
+            });
+        }
+        drop(demand);
+        for (rule, keys) in by_rule {
+            let (top, rest_asked, rest_allowed) = bound_report(keys, REPORT_TOP_KEYS);
+            report.rules.push(pb::RuleDemand {
+                rule,
+                keys: top
+                    .into_iter()
+                    .map(|k| pb::KeyDemand {
+                        key: k.key,
+                        asked: k.asked,
+                        allowed: k.allowed,
+                    })
+                    .collect(),
+                remainder_asked: rest_asked,
+                remainder_allowed: rest_allowed,
+            });
+        }
+        report.rules.sort_by(|a, b| a.rule.cmp(&b.rule));
+        report
+    }
+
+    /// Sends demand every `interval`, and an acknowledgement (with any
+    /// top-ups) as soon as an epoch is applied or a top-up is due. A report
+    /// that cannot be delivered is dropped: demand is a rate, the next one
+    /// carries on.
+    pub async fn report_forever(self: Arc<Self>, coordinators: Vec<String>, interval: Duration) {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next = 0usize;
+        let mut client: Option<CoordinatorClient<tonic::transport::Channel>> = None;
+        loop {
+            let with_demand = tokio::select! {
+                _ = tick.tick() => true,
+                () = self.wake.notified() => false,
+            };
+            let report = self.take_report(with_demand);
+            for _ in 0..coordinators.len().max(1) {
+                let c = match &client {
+                    Some(c) => c.clone(),
+                    None => {
+                        let Some(url) = coordinators.get(next % coordinators.len().max(1)) else {
+                            return;
+                        };
+                        match tonic::transport::Endpoint::from_shared(url.clone()) {
+                            Ok(e) => {
+                                let c = CoordinatorClient::new(
+                                    e.connect_timeout(Duration::from_secs(1))
+                                        .timeout(Duration::from_secs(3))
+                                        .connect_lazy(),
+                                );
+                                client = Some(c.clone());
+                                c
+                            }
+                            Err(e) => {
+                                tracing::error!(%url, error = %e, "bad coordinator URL");
+                                next += 1;
+                                continue;
+                            }
+                        }
+                    }
+                };
+                let mut c = c;
+                match c.report(report.clone()).await {
+                    Ok(_) => {
+                        counter!("meridian_allocation_reports_total", "kind" => if with_demand { "demand" } else { "ack" }).increment(1);
+                        break;
+                    }
+                    Err(status) => {
+                        counter!("meridian_allocation_report_failures_total").increment(1);
+                        tracing::debug!(error = %status, "report failed; trying the next coordinator");
+                        client = None;
+                        next += 1;
+                    }
+                }
+            }
+        }
+    }
+}
