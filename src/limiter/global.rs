@@ -157,6 +157,7 @@ impl Global {
         if limit == 0 || (used as f64) < TOP_UP_AT * limit as f64 {
             return;
         }
+        let asked = *hits;
         let due = demand
             .last_top_up
             .get(&id)
@@ -165,10 +166,16 @@ impl Global {
         if !due {
             return;
         }
-        // The key's pace this window, stretched to a whole window.
-        let period = params.period().as_millis().max(1) as i64;
-        let elapsed = (now_ms().rem_euclid(period) as f64 / period as f64).max(0.05);
-        let per_period = (used as f64 / elapsed).max(limit as f64);
+        // The key's pace here since the last report, per period. (The
+        // decision's count is no measure of pace: a sliding counter's
+        // includes the previous window's hits.)
+        let Some(since) = demand.since.map(|t| t.elapsed()) else {
+            return;
+        };
+        if since < Duration::from_millis(200) {
+            return;
+        }
+        let per_period = asked.0 as f64 * params.period().as_secs_f64() / since.as_secs_f64();
         demand.last_top_up.insert(id, Instant::now());
         demand.top_ups.push(pb::TopUp {
             rule: rule.id.clone(),

@@ -22,6 +22,8 @@ pub struct Options {
     pub snapshot_keep_logs: u64,
     /// `--shared-rule-floor`, requests per minute (0 = off).
     pub shared_rule_floor: f64,
+    /// More flags for every node (e.g. `--rebalance-interval 2s`).
+    pub extra_args: Vec<String>,
 }
 
 impl Default for Options {
@@ -34,6 +36,7 @@ impl Default for Options {
             snapshot_logs: 5000,
             snapshot_keep_logs: 1000,
             shared_rule_floor: 60.0,
+            extra_args: Vec::new(),
         }
     }
 }
@@ -171,6 +174,7 @@ impl Cluster {
             .args(["--snapshot-logs", &o.snapshot_logs.to_string()])
             .args(["--snapshot-keep-logs", &o.snapshot_keep_logs.to_string()])
             .args(["--shared-rule-floor", &o.shared_rule_floor.to_string()])
+            .args(&o.extra_args)
             .args(extra)
             .env("RUST_LOG", "info,openraft=warn")
             .stdin(Stdio::null())

@@ -5,6 +5,8 @@
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
 pub mod coordinator;
+pub mod global;
+pub mod proxy;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
