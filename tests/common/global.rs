@@ -263,8 +263,7 @@ impl Load {
         for t in self.tasks {
             let _ = t.await;
         }
-        let records = self.records.lock().expect("records").clone();
-        records
+        self.records.lock().expect("records").clone()
     }
 
     pub fn snapshot(&self) -> Vec<Record> {
