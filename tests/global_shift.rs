@@ -20,6 +20,7 @@ fn rules() -> String {
 descriptors:
   - key: fw
     scope: global
+    fail_mode: closed
     algorithm: fixed_window
     period: 4s
     rate_limit:
@@ -27,6 +28,7 @@ descriptors:
       requests_per_unit: {L}
   - key: sc
     scope: global
+    fail_mode: closed
     algorithm: sliding_window_counter
     period: 4s
     rate_limit:
@@ -34,6 +36,7 @@ descriptors:
       requests_per_unit: {L}
   - key: tb
     scope: global
+    fail_mode: closed
     algorithm: token_bucket
     period: 4s
     burst: 40

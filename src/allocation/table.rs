@@ -138,6 +138,14 @@ impl Value {
         }
     }
 
+    fn resume_after_lapse(&mut self, fallback: u64, now_ms: Millis, period_ms: Option<u64>) {
+        self.settle(now_ms);
+        let granted = self.next.map_or(self.active, |(v, _)| v);
+        self.active = self.active.min(fallback);
+        self.next = None;
+        self.set(granted, now_ms, period_ms);
+    }
+
     fn fresh(v: u64) -> Value {
         Value {
             active: v,
@@ -191,6 +199,18 @@ impl Table {
                 held: self.epoch,
                 got: update.epoch,
             });
+        }
+        if now_ms > self.valid_until_ms {
+            // The lease had lapsed: the region has been enforcing its
+            // fallback. A renewal brings the granted value back like any
+            // other change — at the next window boundary — not for the rest
+            // of the window the fallback was counted against.
+            for (id, view) in self.rules.iter_mut() {
+                let (fallback, window) = (view.fallback, window_ms(id));
+                for value in std::iter::once(&mut view.split).chain(view.keys.values_mut()) {
+                    value.resume_after_lapse(fallback, now_ms, window);
+                }
+            }
         }
         self.epoch = update.epoch;
         self.valid_until_ms = update.valid_until_ms;

@@ -325,6 +325,22 @@ fn the_table_fences_old_epochs_switches_at_window_boundaries_and_falls_back() {
         "a lapsed lease falls to the fallback"
     );
     assert_eq!(table.limit("other", "k", 0), None);
+
+    // The lease is renewed mid-window (the region reconnected) with the
+    // value it was cut off with: it keeps enforcing the fallback it fell
+    // to, not the old value, until the window ends.
+    let mut renewed = next.clone();
+    renewed.epoch = 7;
+    renewed.regions.get_mut("a").expect("lease").valid_until_ms = 300_000;
+    let delta = next.diff(&renewed);
+    let update = region_update(&renewed, "a", Some(&delta)).expect("lease changed");
+    table.apply(&update, 130_000, window).expect("applies");
+    assert_eq!(table.limit("r", "k", 130_001), Some(100));
+    assert_eq!(
+        table.limit("r", "k", 180_000),
+        Some(300),
+        "the next window takes the value"
+    );
 }
 
 #[test]

@@ -60,6 +60,9 @@ struct Inbox {
     last_roll: Option<Instant>,
     top_up: bool,
     last_top_up_round: Option<Instant>,
+    /// A region was registered: give it a lease and a share in the next
+    /// round, whatever the top-up rate limit says.
+    regions_changed: bool,
     /// Regions that reported but are not registered.
     unknown_regions: BTreeSet<String>,
     policies: Policies,
@@ -253,10 +256,11 @@ impl Allocator {
             // right after seeding there is nothing to roll yet.
             let full = scheduled && since_roll >= self.config.rebalance_interval / 2;
             let top_up = !full
-                && inbox.top_up
-                && inbox
-                    .last_top_up_round
-                    .is_none_or(|t| t.elapsed() >= TOP_UP_GAP);
+                && (std::mem::take(&mut inbox.regions_changed)
+                    || inbox.top_up
+                        && inbox
+                            .last_top_up_round
+                            .is_none_or(|t| t.elapsed() >= TOP_UP_GAP));
             if full {
                 inbox.demand.roll(since_roll.as_millis() as u64);
                 inbox.last_roll = Some(Instant::now());
@@ -281,7 +285,7 @@ impl Allocator {
         if !unknown.is_empty() {
             // Give the new regions a lease and a share without waiting for
             // the next scheduled round.
-            self.lock().top_up = true;
+            self.lock().regions_changed = true;
             self.wake.notify_one();
         }
         for name in unknown {

@@ -22,7 +22,7 @@ use super::proxy::Proxy;
 /// Coordinator timings for tests: rebalance every 2 s, leases of 6 s.
 pub const REBALANCE: Duration = Duration::from_secs(2);
 pub const LEASE: Duration = Duration::from_secs(6);
-pub const SUSPECT_AFTER: Duration = Duration::from_secs(3);
+pub const SUSPECT_AFTER: Duration = Duration::from_secs(2);
 
 pub struct Region {
     pub name: String,
@@ -55,7 +55,7 @@ impl World {
                 "--lease",
                 "6s",
                 "--suspect-after",
-                "3s",
+                "2s",
                 "--skew-margin",
                 "200ms",
                 "--ewma-alpha",
@@ -320,6 +320,11 @@ pub fn summarize(
             capacity += asked.get(w).copied().unwrap_or(0).min(limit);
         }
     }
+    let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in records.iter().filter(|r| !r.reason.is_empty()) {
+        *reasons.entry(r.reason.as_str()).or_default() += 1;
+    }
+    eprintln!("{label}: decisions by reason {reasons:?}");
     let share = if capacity == 0 {
         0.0
     } else {
