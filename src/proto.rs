@@ -60,6 +60,7 @@ mod allocation_wire {
                         limit: r.limit,
                         fallback: r.fallback,
                         split: r.split,
+                        split_immediate: r.split_immediate,
                         keys: r
                             .keys
                             .iter()
@@ -89,6 +90,7 @@ mod allocation_wire {
                         limit: r.limit,
                         fallback: r.fallback,
                         split: r.split,
+                        split_immediate: r.split_immediate,
                         keys: r.keys.iter().map(|k| (k.key.clone(), k.value)).collect(),
                     })
                     .collect(),

@@ -133,6 +133,11 @@ pub struct Slot {
     pub target: u64,
     /// The epoch that last changed `granted`.
     pub since: Epoch,
+    /// The last change was a grow paid entirely from capacity never issued
+    /// to any region: nobody can be using it in the current window, so the
+    /// region may apply it at once instead of at the next window boundary.
+    #[serde(default)]
+    pub immediate: bool,
 }
 
 /// Region name → slot.
@@ -154,6 +159,10 @@ pub struct RuleAllocation {
     pub fallback: BTreeMap<String, u64>,
     /// Used by every key without an entry of its own.
     pub split: Shares,
+    /// The most of the limit the split has ever had issued (Σ bound at its
+    /// highest). What lies above it was never in force anywhere.
+    #[serde(default)]
+    pub high_water: u64,
     /// Smoothed demand per region (all keys), hits per period.
     pub demand: BTreeMap<String, f64>,
     pub keys: BTreeMap<String, KeyAllocation>,
@@ -203,6 +212,7 @@ pub struct EpochDelta {
 pub struct RuleDelta {
     pub limit: u64,
     pub fallback: BTreeMap<String, u64>,
+    pub high_water: u64,
     /// The whole split, when any slot of it changed.
     pub split: Option<Shares>,
     pub demand: Option<BTreeMap<String, f64>>,
@@ -242,6 +252,7 @@ impl Allocations {
             let mut rd = RuleDelta {
                 limit: rule.limit,
                 fallback: rule.fallback.clone(),
+                high_water: rule.high_water,
                 split: (old.map(|o| &o.split) != Some(&rule.split)).then(|| rule.split.clone()),
                 demand: (old.map(|o| &o.demand) != Some(&rule.demand)).then(|| rule.demand.clone()),
                 keys: Vec::new(),
@@ -306,6 +317,7 @@ impl Allocations {
             let rule = self.rules.entry(id.clone()).or_default();
             rule.limit = rd.limit;
             rule.fallback = rd.fallback.clone();
+            rule.high_water = rd.high_water;
             if let Some(split) = &rd.split {
                 note_changes(&mut record, id, None, &rule.split, split);
                 rule.split = split.clone();

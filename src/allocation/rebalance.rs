@@ -224,7 +224,7 @@ fn step_rule(
         }
         retarget(&mut scratch.slots, &scratch.target, view, limit, config);
     }
-    transition(&mut scratch.slots, limit, epoch);
+    transition_tracked(&mut scratch.slots, limit, epoch, Some(&mut rule.high_water));
     store(&mut rule.split, &names, &scratch.slots);
 
     // Key entries.
@@ -356,6 +356,7 @@ fn settle(
                 bound: kept,
                 target: kept.min(slot.granted),
                 since: slot.since,
+                immediate: false,
             };
         }
     }
@@ -545,10 +546,22 @@ pub fn water_fill(capacity: u64, want: &[f64], weights: &[f64]) -> Vec<u64> {
 /// only out of `limit − Σ bound` (capacity nobody may still be enforcing),
 /// shared in proportion to what each grower still wants.
 pub fn transition(slots: &mut [Slot], limit: u64, epoch: Epoch) {
+    transition_tracked(slots, limit, epoch, None);
+}
+
+/// [`transition`], also tracking the highest Σ bound ever issued: grows that
+/// fit under `limit − high_water` are marked `immediate`.
+pub fn transition_tracked(
+    slots: &mut [Slot],
+    limit: u64,
+    epoch: Epoch,
+    high_water: Option<&mut u64>,
+) {
     for slot in slots.iter_mut() {
         if slot.target < slot.granted {
             slot.granted = slot.target;
             slot.since = epoch;
+            slot.immediate = false;
         }
     }
     let bound: u64 = slots.iter().map(|s| s.bound.max(s.granted)).sum();
@@ -557,16 +570,24 @@ pub fn transition(slots: &mut [Slot], limit: u64, epoch: Epoch) {
         .iter()
         .map(|s| s.target.saturating_sub(s.granted) as f64)
         .collect();
-    if free == 0 || want.iter().all(|w| *w == 0.0) {
-        return;
-    }
-    let weights: Vec<f64> = want.iter().map(|w| w.max(1e-9)).collect();
-    let give = water_fill(free, &want, &weights);
-    for (slot, g) in slots.iter_mut().zip(give) {
-        if g > 0 {
-            slot.granted += g;
-            slot.bound = slot.bound.max(slot.granted);
-            slot.since = epoch;
+    let mut given = 0;
+    if free > 0 && want.iter().any(|w| *w > 0.0) {
+        let weights: Vec<f64> = want.iter().map(|w| w.max(1e-9)).collect();
+        let give = water_fill(free, &want, &weights);
+        given = give.iter().sum::<u64>();
+        let never_issued = high_water
+            .as_deref()
+            .map_or(0, |hw| limit.saturating_sub((*hw).max(bound)));
+        for (slot, g) in slots.iter_mut().zip(give) {
+            if g > 0 {
+                slot.granted += g;
+                slot.bound = slot.bound.max(slot.granted);
+                slot.since = epoch;
+                slot.immediate = given <= never_issued;
+            }
         }
+    }
+    if let Some(hw) = high_water {
+        *hw = (*hw).max(bound + given);
     }
 }

@@ -37,6 +37,9 @@ pub struct RuleUpdate {
     pub fallback: u64,
     /// The region's value for keys without an entry; `None`: unchanged.
     pub split: Option<u64>,
+    /// The split's new value may apply at once (capacity never issued
+    /// before), not only at the next window boundary.
+    pub split_immediate: bool,
     /// Changed key entries; `None` = the entry is gone (the key uses the split).
     pub keys: Vec<(String, Option<u64>)>,
 }
@@ -57,6 +60,7 @@ pub fn region_update(
         ..Default::default()
     };
     let granted = |shares: &super::Shares| shares.get(region).map_or(0, |s| s.granted);
+    let immediate = |shares: &super::Shares| shares.get(region).is_some_and(|s| s.immediate);
     match delta {
         None => {
             for (id, rule) in &state.rules {
@@ -65,6 +69,7 @@ pub fn region_update(
                     limit: rule.limit,
                     fallback: rule.fallback.get(region).copied().unwrap_or(0),
                     split: Some(granted(&rule.split)),
+                    split_immediate: immediate(&rule.split),
                     keys: rule
                         .keys
                         .iter()
@@ -86,6 +91,7 @@ pub fn region_update(
                     limit: rd.limit,
                     fallback: rd.fallback.get(region).copied().unwrap_or(0),
                     split: rd.split.as_ref().map(granted),
+                    split_immediate: rd.split.as_ref().is_some_and(immediate),
                     keys: Vec::new(),
                 };
                 for (key, entry) in &rd.keys {
@@ -235,7 +241,8 @@ impl Table {
             view.limit = ru.limit;
             view.fallback = ru.fallback;
             if let Some(v) = ru.split {
-                view.split.set(v, now_ms, window);
+                view.split
+                    .set(v, now_ms, if ru.split_immediate { None } else { window });
             }
             if update.full {
                 view.keys

@@ -83,12 +83,14 @@ fn shrink_is_published_before_the_grow_it_pays_for() {
             bound: 600,
             target: 300,
             since: 7,
+            immediate: false,
         },
         Slot {
             granted: 400,
             bound: 400,
             target: 700,
             since: 7,
+            immediate: false,
         },
     ];
     transition(&mut slots, 1000, 8);
@@ -105,6 +107,48 @@ fn shrink_is_published_before_the_grow_it_pays_for() {
     slots[0].bound = slots[0].granted;
     transition(&mut slots, 1000, 9);
     assert_eq!((slots[0].granted, slots[1].granted), (300, 700));
+}
+
+#[test]
+fn only_grows_from_never_issued_capacity_apply_at_once() {
+    let mut hw = 0;
+    // Mumbai alone: everything it gets was never issued.
+    let mut slots = [
+        Slot {
+            target: 1000,
+            ..Slot::default()
+        },
+        Slot::default(),
+    ];
+    super::rebalance::transition_tracked(&mut slots, 1000, 1, Some(&mut hw));
+    assert!(slots[0].immediate && slots[0].granted == 1000);
+    // Hyderabad joins: its share was mumbai's, possibly in use this window.
+    slots[0].target = 500;
+    slots[1].target = 500;
+    super::rebalance::transition_tracked(&mut slots, 1000, 2, Some(&mut hw));
+    slots[0].bound = slots[0].granted;
+    super::rebalance::transition_tracked(&mut slots, 1000, 3, Some(&mut hw));
+    assert_eq!(slots[1].granted, 500);
+    assert!(
+        !slots[1].immediate,
+        "released capacity waits for the window boundary"
+    );
+
+    // Both regions from the start: both at once.
+    let mut hw = 0;
+    let mut slots = [
+        Slot {
+            target: 600,
+            ..Slot::default()
+        },
+        Slot {
+            target: 400,
+            ..Slot::default()
+        },
+    ];
+    super::rebalance::transition_tracked(&mut slots, 1000, 1, Some(&mut hw));
+    assert!(slots.iter().all(|s| s.immediate));
+    assert_eq!(hw, 1000);
 }
 
 #[test]
@@ -280,6 +324,7 @@ fn the_table_fences_old_epochs_switches_at_window_boundaries_and_falls_back() {
             bound: 600,
             target: 600,
             since: 5,
+            immediate: false,
         },
     );
     state.rules.insert("r".into(), rule);

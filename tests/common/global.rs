@@ -68,6 +68,22 @@ impl World {
         };
         let cluster = Cluster::start(3, options).await;
         let leader = cluster.wait_leader(Duration::from_secs(20)).await;
+        // Regions registered before the rules, as an operator would: their
+        // first shares then come from capacity never issued, and apply at once.
+        for name in regions {
+            let (status, body) = cluster
+                .send(
+                    leader,
+                    reqwest::Method::PUT,
+                    &format!("/api/v1/regions/{name}"),
+                    Some(serde_json::json!({ "weight": 1.0 })),
+                )
+                .await;
+            assert!(
+                (200..300).contains(&status),
+                "PUT region {name}: {status} {body}"
+            );
+        }
         let (status, body) = cluster.put_text(leader, rules).await;
         assert!((200..300).contains(&status), "PUT rules: {status} {body}");
         let mut world = World {
