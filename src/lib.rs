@@ -9,6 +9,7 @@ pub mod algorithm;
 pub mod allocation;
 pub mod bench;
 pub mod coordinator;
+pub mod demo;
 pub mod library;
 pub mod limiter;
 pub mod proto;

@@ -31,7 +31,7 @@ enum Command {
     /// Operate a coordinator cluster through its admin API.
     Ctl,
     /// Run the whole system on this machine: 3 coordinators, 2 regions, traffic.
-    Demo,
+    Demo(meridian::demo::DemoArgs),
     /// Replay multi-region traffic in virtual time and measure the bounds.
     Simulate,
     /// Load-test a limiter: throughput, latency percentiles, cost per check.
@@ -46,7 +46,7 @@ fn main() -> std::process::ExitCode {
         Command::Limiter(args) => return run(meridian::limiter::cli::run(args)),
         Command::Coordinator(args) => return meridian::coordinator::main(args),
         Command::Ctl => "ctl",
-        Command::Demo => "demo",
+        Command::Demo(args) => return run(meridian::demo::run(args)),
         Command::Simulate => "simulate",
         Command::Bench(args) => {
             return run(async { Ok(meridian::bench::run(args).await.map(drop)?) });

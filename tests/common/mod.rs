@@ -22,6 +22,11 @@ const INSTALL_HINT: &str = "Meridian's tests start their own redis-server proces
      Install Redis (Debian/Ubuntu: `sudo apt-get install -y redis-server`, which also \
      brings redis-cli), or run the README's test command, which installs it.";
 
+/// Fails (never skips) when redis-server is missing, saying how to install it.
+pub fn require_redis() {
+    require("redis-server");
+}
+
 fn require(binary: &str) {
     let probe = if binary == "openssl" {
         "version"

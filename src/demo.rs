@@ -1,0 +1,563 @@
+//! `meridian demo`: the whole system on one machine.
+//!
+//! Three coordinator nodes and two regions ("mumbai", "hyderabad"), each
+//! region with its own `redis-server` (or the embedded store when Redis is
+//! not installed) and one limiter — all real processes of this binary — plus
+//! a traffic generator whose regional mix swings between the regions against
+//! a global rule of 1,000 requests/min per customer. A summary line every two
+//! seconds shows each region's allocation and what the world admitted in the
+//! current minute. Ctrl-C (or `--for`) stops everything and removes the
+//! temporary directory.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+use crate::proto::meridian::v1::limiter_client::LimiterClient;
+use crate::proto::meridian::v1::{Check, CheckRequest};
+
+const REGIONS: [&str; 2] = ["mumbai", "hyderabad"];
+const RULE_ID: &str = "demo|customer";
+const LIMIT_PER_MINUTE: u64 = 1_000;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct DemoArgs {
+    /// Customers sharing the traffic; each has its own 1,000/min global limit.
+    #[arg(long, default_value_t = 3)]
+    pub customers: u32,
+    /// Requests per minute each customer sends, all regions together (above
+    /// 1,000 the limit bites).
+    #[arg(long, default_value_t = 1_200)]
+    pub demand: u64,
+    /// How long the traffic takes to swing from mostly-mumbai to
+    /// mostly-hyderabad (and as long to swing back).
+    #[arg(long, default_value = "60s", value_parser = crate::rules::parse_duration)]
+    pub shift_every: Duration,
+    /// How often the coordinator re-divides the limit.
+    #[arg(long, default_value = "5s", value_parser = crate::rules::parse_duration)]
+    pub rebalance_interval: Duration,
+    /// Stop by itself after this long (default: run until Ctrl-C).
+    #[arg(long = "for", value_parser = crate::rules::parse_duration)]
+    pub run_for: Option<Duration>,
+    /// Use the embedded store even when redis-server is installed.
+    #[arg(long)]
+    pub no_redis: bool,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A child process stopped (SIGTERM, then SIGKILL after 5 s) when dropped.
+struct Proc {
+    name: String,
+    child: Child,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        eprintln!("demo: {} did not stop within 5 s; killing it", self.name);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn log_file(dir: &Path, name: &str) -> anyhow::Result<std::fs::File> {
+    std::fs::File::create(dir.join(format!("{name}.log")))
+        .with_context(|| format!("creating {name}.log"))
+}
+
+fn redis_installed() -> bool {
+    Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+struct Coordinator {
+    http: String,
+    grpc: String,
+}
+
+struct Region {
+    name: String,
+    grpc: String,
+    http: String,
+    redis: Option<String>,
+}
+
+pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    if args.customers == 0 {
+        bail!("--customers must be at least 1");
+    }
+    let exe = std::env::current_exe().context("locating the meridian binary")?;
+    let dir = tempfile::Builder::new()
+        .prefix("meridian-demo-")
+        .tempdir()
+        .context("creating the demo's temp dir")?;
+    let token = format!("demo-{:x}", unix_ms());
+    let mut procs: Vec<Proc> = Vec::new();
+
+    // Coordinators.
+    let mut coordinators = Vec::new();
+    for id in 1..=3u64 {
+        coordinators.push((id, free_port()?, free_port()?));
+    }
+    let init: Vec<String> = coordinators
+        .iter()
+        .map(|(id, raft, http)| format!("{id}=127.0.0.1:{raft}@127.0.0.1:{http}"))
+        .collect();
+    let init = init.join(",");
+    let interval = format!("{}ms", args.rebalance_interval.as_millis());
+    let lease = format!("{}ms", (args.rebalance_interval * 6).as_millis());
+    let suspect = format!("{}ms", (args.rebalance_interval * 3).as_millis());
+    for (id, raft, http) in &coordinators {
+        let mut cmd = Command::new(&exe);
+        cmd.arg("coordinator")
+            .args(["--id", &id.to_string()])
+            .arg("--data-dir")
+            .arg(dir.path().join(format!("coordinator-{id}")))
+            .args(["--raft-addr", &format!("127.0.0.1:{raft}")])
+            .args(["--http-addr", &format!("127.0.0.1:{http}")])
+            .args(["--admin-token", &token])
+            .args(["--rebalance-interval", &interval])
+            .args(["--lease", &lease, "--suspect-after", &suspect]);
+        if *id == 1 {
+            cmd.args(["--init", &init]);
+        }
+        let log = log_file(dir.path(), &format!("coordinator-{id}"))?;
+        let child = cmd
+            .env("RUST_LOG", "info,openraft=warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting a coordinator")?;
+        procs.push(Proc {
+            name: format!("coordinator {id}"),
+            child,
+        });
+    }
+    let coordinators: Vec<Coordinator> = coordinators
+        .iter()
+        .map(|(_, raft, http)| Coordinator {
+            http: format!("http://127.0.0.1:{http}"),
+            grpc: format!("http://127.0.0.1:{raft}"),
+        })
+        .collect();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let admin = &coordinators[0].http;
+    wait_for_leader(&client, admin).await?;
+    for region in REGIONS {
+        admin_write(
+            &client,
+            reqwest::Method::PUT,
+            &format!("{admin}/api/v1/regions/{region}"),
+            &token,
+            json!({ "weight": 1.0 }),
+        )
+        .await?;
+    }
+    let rules = format!(
+        "# The demo's rule: every customer may make {LIMIT_PER_MINUTE} calls a minute, worldwide.\n\
+         domain: demo\n\
+         descriptors:\n  \
+           - key: customer\n    \
+             scope: global\n    \
+             algorithm: sliding_window_counter\n    \
+             rate_limit:\n      \
+               name: per_customer\n      \
+               unit: minute\n      \
+               requests_per_unit: {LIMIT_PER_MINUTE}\n"
+    );
+    admin_write(
+        &client,
+        reqwest::Method::PUT,
+        &format!("{admin}/api/v1/rules"),
+        &token,
+        json!({ "files": { "demo.yaml": rules } }),
+    )
+    .await?;
+
+    // Regions.
+    let use_redis = !args.no_redis && redis_installed();
+    if !use_redis {
+        eprintln!(
+            "demo: redis-server not found on PATH (or --no-redis): each region uses the embedded store. \
+             Install Redis (apt-get install redis-server) to run the regions on real Redis."
+        );
+    }
+    let mut regions = Vec::new();
+    for name in REGIONS {
+        let redis = if use_redis {
+            let port = free_port()?;
+            let redis_dir = dir.path().join(format!("redis-{name}"));
+            std::fs::create_dir_all(&redis_dir)?;
+            let log = log_file(dir.path(), &format!("redis-{name}"))?;
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(&redis_dir)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .context("starting redis-server")?;
+            procs.push(Proc {
+                name: format!("redis ({name})"),
+                child,
+            });
+            wait_for_port(port).await?;
+            Some(format!("redis://127.0.0.1:{port}"))
+        } else {
+            None
+        };
+        let mut cmd = Command::new(&exe);
+        cmd.arg("limiter")
+            .args(["--region", name, "--pod-id", &format!("{name}-1")])
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(["--report-interval", &interval])
+            .arg("--rules-cache")
+            .arg(dir.path().join(format!("rules-cache-{name}.json")));
+        for c in &coordinators {
+            cmd.args(["--coordinator", &c.grpc]);
+        }
+        match &redis {
+            Some(url) => cmd.args(["--redis", url]),
+            None => cmd.args(["--store", "memory"]),
+        };
+        let log = log_file(dir.path(), &format!("limiter-{name}"))?;
+        let mut child = cmd
+            .env("RUST_LOG", "meridian=info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .context("starting a limiter")?;
+        let stdout = child.stdout.take().context("limiter stdout")?;
+        procs.push(Proc {
+            name: format!("limiter ({name})"),
+            child,
+        });
+        let line = first_line(stdout).await?;
+        let addr = |key: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .map(str::to_string)
+                .with_context(|| format!("limiter printed {line:?}"))
+        };
+        regions.push(Region {
+            name: name.to_string(),
+            grpc: format!("http://{}", addr("grpc=")?),
+            http: format!("http://{}", addr("http=")?),
+            redis,
+        });
+    }
+
+    println!(
+        "Meridian demo — 3 coordinators, 2 regions, a global limit of {LIMIT_PER_MINUTE}/min per customer"
+    );
+    for (i, c) in coordinators.iter().enumerate() {
+        println!(
+            "  coordinator {}: admin API {}/api/v1/allocations   metrics {}/metrics",
+            i + 1,
+            c.http,
+            c.http
+        );
+    }
+    for r in &regions {
+        println!(
+            "  region {:<10} limiter {} (gRPC) {}/v1/check (HTTP)   metrics {}/metrics   store {}",
+            r.name,
+            r.grpc,
+            r.http,
+            r.http,
+            r.redis.as_deref().unwrap_or("embedded")
+        );
+    }
+    println!("  admin token: {token}   logs: {}", dir.path().display());
+    println!(
+        "  traffic: {} customers × {}/min, swinging between the regions every {:?}; Ctrl-C stops\n",
+        args.customers, args.demand, args.shift_every
+    );
+
+    let stats = Arc::new(Stats::default());
+    let started = Instant::now();
+    let mut traffic = Vec::new();
+    for (i, r) in regions.iter().enumerate() {
+        traffic.push(tokio::spawn(drive(
+            r.grpc.clone(),
+            i,
+            args.clone(),
+            started,
+            stats.clone(),
+        )));
+    }
+
+    let stop = async {
+        match args.run_for {
+            Some(d) => tokio::time::sleep(d).await,
+            None => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    };
+    tokio::pin!(stop);
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        tokio::select! {
+            () = &mut stop => break,
+            _ = tick.tick() => {
+                let line = summary(&client, &coordinators, &stats, started, &args).await;
+                println!("{line}");
+            }
+        }
+    }
+    for t in traffic {
+        t.abort();
+    }
+    println!(
+        "\nstopping: limiters, Redis, coordinators; removing {}",
+        dir.path().display()
+    );
+    // Limiters first (they report to the coordinators), then the rest.
+    let (limiters, rest): (Vec<Proc>, Vec<Proc>) = procs
+        .into_iter()
+        .partition(|p| p.name.starts_with("limiter"));
+    drop(limiters);
+    drop(rest);
+    drop(dir);
+    Ok(())
+}
+
+/// What the traffic generator saw, per clock-aligned minute.
+#[derive(Default)]
+struct Stats {
+    windows: Mutex<BTreeMap<u64, Window>>,
+    errors: AtomicU64,
+}
+
+#[derive(Default, Clone)]
+struct Window {
+    /// Per region.
+    asked: [u64; 2],
+    admitted: [u64; 2],
+    /// Per customer, both regions: what the world admitted (≤ the limit).
+    per_customer: BTreeMap<String, u64>,
+}
+
+/// The share of each customer's traffic that mumbai sends, at time `t`:
+/// a triangle wave between 80 % and 20 %.
+fn mumbai_share(elapsed: Duration, shift_every: Duration) -> f64 {
+    let phase = elapsed.as_secs_f64() / shift_every.as_secs_f64().max(0.001);
+    let up = phase % 2.0;
+    let frac = if up < 1.0 { up } else { 2.0 - up };
+    0.8 - 0.6 * frac
+}
+
+async fn drive(url: String, region: usize, args: DemoArgs, started: Instant, stats: Arc<Stats>) {
+    let mut client = loop {
+        match LimiterClient::connect(url.clone()).await {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    let mut owed = vec![0.0f64; args.customers as usize];
+    loop {
+        tick.tick().await;
+        let share = mumbai_share(started.elapsed(), args.shift_every);
+        let mine = if region == 0 { share } else { 1.0 - share };
+        let per_tick = args.demand as f64 / 60.0 / 20.0 * mine;
+        let mut checks = Vec::new();
+        for (c, owe) in owed.iter_mut().enumerate() {
+            *owe += per_tick;
+            while *owe >= 1.0 {
+                *owe -= 1.0;
+                checks.push(Check {
+                    domain: "demo".into(),
+                    rule: "per_customer".into(),
+                    key: format!("cust-{}", c + 1),
+                    cost: 1,
+                    ..Default::default()
+                });
+            }
+        }
+        if checks.is_empty() {
+            continue;
+        }
+        let asked = checks.len() as u64;
+        let keys: Vec<String> = checks.iter().map(|c| c.key.clone()).collect();
+        match client.check(CheckRequest { checks }).await {
+            Ok(r) => {
+                let decisions = r.into_inner().decisions;
+                let window = unix_ms() / 60_000;
+                let mut w = stats.windows.lock().unwrap_or_else(|p| p.into_inner());
+                let entry = w.entry(window).or_default();
+                entry.asked[region] += asked;
+                for (key, d) in keys.into_iter().zip(&decisions) {
+                    if d.allowed {
+                        entry.admitted[region] += 1;
+                        *entry.per_customer.entry(key).or_default() += 1;
+                    }
+                }
+                while w.len() > 5 {
+                    w.pop_first();
+                }
+            }
+            Err(_) => {
+                stats.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+async fn summary(
+    client: &reqwest::Client,
+    coordinators: &[Coordinator],
+    stats: &Stats,
+    started: Instant,
+    args: &DemoArgs,
+) -> String {
+    let mut allocation = None;
+    for c in coordinators {
+        let url = format!("{}/api/v1/allocations?rule={RULE_ID}", c.http);
+        if let Ok(r) = client.get(&url).send().await
+            && r.status().is_success()
+            && let Ok(body) = r.json::<Value>().await
+        {
+            allocation = Some(body);
+            break;
+        }
+    }
+    let split = match &allocation {
+        Some(body) => {
+            let share = |r: &str| body["split"][r]["granted"].as_u64().unwrap_or(0);
+            format!(
+                "epoch {:>3}  allocation mumbai {:>4} · hyderabad {:>4}",
+                body["epoch"].as_u64().unwrap_or(0),
+                share("mumbai"),
+                share("hyderabad")
+            )
+        }
+        None => "allocation: none yet".to_string(),
+    };
+    let window = unix_ms() / 60_000;
+    let current = {
+        let w = stats.windows.lock().unwrap_or_else(|p| p.into_inner());
+        w.get(&window).cloned().unwrap_or_default()
+    };
+    let (asked, admitted) = (current.asked, current.admitted);
+    let busiest = current
+        .per_customer
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .map(|(k, n)| format!("{k} {n}/{LIMIT_PER_MINUTE}"))
+        .unwrap_or_else(|| "-".into());
+    let share = mumbai_share(started.elapsed(), args.shift_every);
+    let errors = stats.errors.load(Ordering::Relaxed);
+    format!(
+        "[{:>4}s] traffic {:>2.0}/{:<2.0} | {split} | this minute: admitted {:>5} of {:>5} (mumbai {}, hyderabad {}), busiest {busiest}{}",
+        started.elapsed().as_secs(),
+        share * 100.0,
+        (1.0 - share) * 100.0,
+        admitted[0] + admitted[1],
+        asked[0] + asked[1],
+        admitted[0],
+        admitted[1],
+        if errors > 0 {
+            format!(" | {errors} failed calls")
+        } else {
+            String::new()
+        }
+    )
+}
+
+async fn first_line(stdout: std::process::ChildStdout) -> anyhow::Result<String> {
+    let read = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    });
+    match tokio::time::timeout(Duration::from_secs(30), read).await {
+        Ok(Ok(Ok(line))) if !line.is_empty() => Ok(line),
+        _ => bail!("a limiter did not start within 30 s (see its log)"),
+    }
+}
+
+async fn wait_for_port(port: u16) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("redis-server did not listen on {port} within 10 s")
+}
+
+async fn wait_for_leader(client: &reqwest::Client, admin: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if let Ok(r) = client.get(format!("{admin}/api/v1/cluster")).send().await
+            && let Ok(body) = r.json::<Value>().await
+            && !body["leader"].is_null()
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("the coordinators elected no leader within 30 s")
+}
+
+async fn admin_write(
+    client: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    token: &str,
+    body: Value,
+) -> anyhow::Result<()> {
+    let r = client
+        .request(method, url)
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .with_context(|| format!("calling {url}"))?;
+    let status = r.status();
+    if !status.is_success() {
+        let text = r.text().await.unwrap_or_default();
+        bail!("{url}: {status} {text}");
+    }
+    Ok(())
+}
