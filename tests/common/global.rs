@@ -48,14 +48,19 @@ impl World {
     /// Starts the coordinators, puts `rules`, then starts one Redis and one
     /// limiter per region.
     pub async fn start(rules: &str, regions: &[&str]) -> World {
+        World::start_with(rules, regions, &["2s", "6s", "2s"]).await
+    }
+
+    /// `timings`: rebalance interval, lease, suspect-after.
+    pub async fn start_with(rules: &str, regions: &[&str], timings: &[&str; 3]) -> World {
         let options = Options {
             extra_args: [
                 "--rebalance-interval",
-                "2s",
+                timings[0],
                 "--lease",
-                "6s",
+                timings[1],
                 "--suspect-after",
-                "2s",
+                timings[2],
                 "--skew-margin",
                 "200ms",
                 "--ewma-alpha",
@@ -171,6 +176,18 @@ impl World {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+}
+
+/// The allocation epoch a limiter holds, from its /metrics.
+pub async fn limiter_epoch(limiter: &LimiterProcess) -> u64 {
+    let Ok(r) = reqwest::get(limiter.http_url("/metrics")).await else {
+        return 0;
+    };
+    let text = r.text().await.unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("meridian_allocation_epoch "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
 }
 
 pub fn granted(shares: &Value) -> BTreeMap<String, u64> {

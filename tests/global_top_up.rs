@@ -1,0 +1,107 @@
+//! Early top-up: with a long rebalance interval (30 s), a key whose traffic
+//! moves to a region holding a small share asks for an out-of-cycle
+//! rebalance once it used 90 % of its allocation; its share grows within
+//! seconds instead of waiting for the next epoch. Also measures how long an
+//! epoch takes from commit to the limiter (loopback).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::global::{Load, World, limiter_epoch, now_us};
+
+const L: u64 = 200;
+
+fn rules() -> String {
+    format!(
+        "domain: api
+descriptors:
+  - key: fw
+    scope: global
+    fail_mode: closed
+    algorithm: fixed_window
+    period: 4s
+    rate_limit:
+      name: fw
+      requests_per_unit: {L}
+"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_that_runs_out_mid_window_gets_topped_up_before_the_next_epoch() {
+    let world = World::start_with(&rules(), &["mumbai", "hyderabad"], &["30s", "90s", "30s"]).await;
+    let load = Load::start(&world, "api", "fw", "acme", &[40, 0]);
+    world
+        .wait_allocated("api|fw", Duration::from_secs(20))
+        .await;
+    // Mumbai's demand takes most of L (top-ups from mumbai itself).
+    let started = Instant::now();
+    let before = loop {
+        let split = world.split("api|fw").await;
+        if split["mumbai"] >= 150 {
+            break split;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(25),
+            "mumbai never grew: {split:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!("before the move: {before:?}");
+
+    // Propagation: epochs from commit to the limiter, while we wait.
+    let mut lags = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut seen = limiter_epoch(&world.regions[0].limiter).await;
+    while Instant::now() < deadline && lags.len() < 3 {
+        let e = limiter_epoch(&world.regions[0].limiter).await;
+        if e > seen {
+            let at = now_us() / 1000;
+            let body = world.allocations("").await;
+            if body["epoch"].as_u64() == Some(e) {
+                lags.push(at.saturating_sub(body["at_unix_ms"].as_u64().unwrap_or(at)));
+            }
+            seen = e;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    // The traffic moves to hyderabad.
+    load.set(&[0, 40]);
+    let moved = Instant::now();
+    let caught_up = loop {
+        let split = world.split("api|fw").await;
+        if split["hyderabad"] >= 90 {
+            break moved.elapsed();
+        }
+        assert!(
+            moved.elapsed() < Duration::from_secs(12),
+            "no top-up: hyderabad still holds {split:?} after {:?} (the next scheduled epoch is up to 30 s away)",
+            moved.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!(
+        "top-up: hyderabad reached 90 of L={L} {caught_up:?} after the move (rebalance interval 30 s)"
+    );
+    let metrics = reqwest::get(world.regions[1].limiter.http_url("/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("meridian_allocation_top_ups_total"),
+        "hyderabad's limiter counted no top-up request"
+    );
+    // Propagation samples, if epochs were committed while we watched.
+    let records = load.stop().await;
+    eprintln!(
+        "commit-to-limiter propagation (ms, from the epoch's timestamp): {lags:?}; {} checks",
+        records.len()
+    );
+    for lag in &lags {
+        assert!(*lag < 1000, "an epoch took {lag} ms to reach the limiter");
+    }
+}
