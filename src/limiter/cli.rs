@@ -96,9 +96,11 @@ pub struct LimiterArgs {
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
 
-    /// Redis calls in flight at most per limiter; further checks wait their turn
-    /// (before the Redis deadline starts) instead of all timing out together.
-    #[arg(long, default_value_t = 128)]
+    /// Checks waiting on Redis at most per limiter; further checks wait their
+    /// turn (before the Redis deadline starts) instead of all timing out
+    /// together. Concurrent checks share script calls of up to 64 checks, so
+    /// 512 is about 8 calls, a few milliseconds of Redis time.
+    #[arg(long, default_value_t = 512)]
     pub max_redis_in_flight: usize,
 
     /// With --coordinator: how often demand for global rules is reported.
