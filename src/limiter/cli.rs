@@ -98,9 +98,8 @@ pub struct LimiterArgs {
 
     /// Checks waiting on Redis at most per limiter; further checks wait their
     /// turn (before the Redis deadline starts) instead of all timing out
-    /// together. Concurrent checks share script calls of up to 64 checks, so
-    /// 512 is about 8 calls, a few milliseconds of Redis time.
-    #[arg(long, default_value_t = 512)]
+    /// together. Concurrent checks share script calls (up to 64 a call).
+    #[arg(long, default_value_t = 128)]
     pub max_redis_in_flight: usize,
 
     /// With --coordinator: how often demand for global rules is reported.
