@@ -362,7 +362,7 @@ impl Engine {
             reason: Some(DenyReason::OverLimit),
         };
         let verdict = shadow(rule, decision, Source::NoAllocation);
-        record(rule, &verdict, Duration::ZERO);
+        self.record(rule, &verdict, Duration::ZERO);
         verdict
     }
 
