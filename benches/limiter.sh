@@ -78,7 +78,7 @@ done
 # The ceiling: the same scripts with the same arguments, pipelined straight into Redis.
 ceiling() { # script-file → checks/s
   local sha
-  sha=$(cat "$scripts/prelude.lua" "$scripts/$1.lua" | redis-cli -p "$port" -x script load)
+  sha=$(cat "$scripts/prelude.lua" "$scripts/$1.lua" "$scripts/epilogue.lua" | redis-cli -p "$port" -x script load)
   redis-benchmark -p "$port" -n 300000 -P 32 -c 8 -r 10000 -q \
     EVALSHA "$sha" 1 "mr:{ceiling:__rand_int__}" "" 1 1000000 60000000 1 1 1 0 1000000 2>/dev/null \
     | tr '\r' '\n' | awk '/requests per second/ {for (i=1;i<=NF;i++) if ($(i+1)=="requests") print $i}' | tail -1

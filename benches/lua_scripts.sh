@@ -41,7 +41,7 @@ incr_one=$(rate INCR "bench-incr")
 incr_many=$(rate -r 1000000 INCR "bench-incr:__rand_int__")
 printf '%-18s %-9s %14.0f %10s\n' INCR one "$incr_one" 1.00 INCR 1M "$incr_many" 1.00
 for name in fixed_window sliding_log sliding_counter token_bucket leaky_bucket; do
-  sha=$(cat "$scripts/prelude.lua" "$scripts/$name.lua" | redis-cli -p "$port" -x script load)
+  sha=$(cat "$scripts/prelude.lua" "$scripts/$name.lua" "$scripts/epilogue.lua" | redis-cli -p "$port" -x script load)
   eval "args=(${argv[$name]})"
   one=$(rate EVALSHA "$sha" 1 "mr:{bench:one}" "${args[@]}")
   many=$(rate -r 1000000 EVALSHA "$sha" 1 "mr:{bench:__rand_int__}" "${args[@]}")

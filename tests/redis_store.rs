@@ -447,3 +447,65 @@ async fn credentials_in_the_url_authenticate() {
     let e = denied.expect("a server with requirepass must refuse an unauthenticated client");
     assert!(e.to_string().to_lowercase().contains("auth"), "{e}");
 }
+
+/// Evaluated calls of each script so far, from `INFO commandstats`.
+fn evalsha_calls(server: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.connection())
+        .expect("INFO commandstats");
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a call count"))
+}
+
+#[tokio::test]
+async fn concurrent_checks_share_script_calls_and_decide_as_if_alone() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let memory = MemoryStore::new();
+    // Several algorithms, keys and costs (0 = peek) in one burst: the store
+    // groups them into calls, which must decide each in arrival order exactly
+    // as the embedded store does one at a time.
+    let limits: Vec<Limit> = Algorithm::ALL
+        .iter()
+        .map(|&a| limit(&format!("burst-{a:?}"), a, 7, Duration::from_secs(60)))
+        .collect();
+    let checks: Vec<(usize, String, u64)> = (0..300)
+        .map(|i| (i % limits.len(), format!("k{}", i % 3), [1, 1, 2, 0][i % 4]))
+        .collect();
+    let before = evalsha_calls(&server);
+    let from_redis = futures::future::join_all(checks.iter().map(|(l, key, cost)| {
+        let (l, store) = (&limits[*l], &store);
+        async move {
+            if *cost == 0 {
+                store.peek(l, key, Some(EDGE)).await
+            } else {
+                store.check(l, key, *cost, Some(EDGE)).await
+            }
+        }
+    }))
+    .await;
+    let calls = evalsha_calls(&server) - before;
+    for ((l, key, cost), redis) in checks.iter().zip(from_redis) {
+        let l = &limits[*l];
+        let memory = if *cost == 0 {
+            memory.peek(l, key, Some(EDGE)).await
+        } else {
+            memory.check(l, key, *cost, Some(EDGE)).await
+        };
+        assert_eq!(
+            redis.expect("redis decides"),
+            memory.expect("memory decides"),
+            "{:?} key {key} cost {cost}",
+            l.params.algorithm()
+        );
+    }
+    // 300 checks of 5 algorithms: at most 64 per call, so at least 5 calls;
+    // one call per check would be 300.
+    assert!(
+        (5..=30).contains(&calls),
+        "300 concurrent checks took {calls} script calls"
+    );
+}

@@ -96,8 +96,9 @@ pub struct LimiterArgs {
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
 
-    /// Redis calls in flight at most per limiter; further checks wait their turn
-    /// (before the Redis deadline starts) instead of all timing out together.
+    /// Checks waiting on Redis at most per limiter; further checks wait their
+    /// turn (before the Redis deadline starts) instead of all timing out
+    /// together. Concurrent checks share script calls (up to 64 a call).
     #[arg(long, default_value_t = 128)]
     pub max_redis_in_flight: usize,
 

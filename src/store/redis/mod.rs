@@ -5,7 +5,8 @@
 //! connection that reconnects by itself); Cluster uses the cluster client,
 //! which keeps one multiplexed connection per node and follows MOVED/ASK.
 //! Scripts go out as EVALSHA; on NOSCRIPT (a restarted or failed-over Redis)
-//! the `redis` crate loads the script and retries once.
+//! the `redis` crate loads the script and retries once. Checks that arrive
+//! together share one script call (`coalesce`).
 
 use std::time::Duration;
 
@@ -13,7 +14,9 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Script};
+use tokio::sync::{mpsc, oneshot};
 
+mod coalesce;
 mod flush;
 
 pub use flush::{Delta, Flushed, Global, slot};
@@ -21,11 +24,16 @@ pub use flush::{Delta, Flushed, Global, slot};
 use super::{Limit, Store, StoreError, key};
 use crate::algorithm::{Algorithm, Decision, DenyReason, Micros, precheck};
 
-/// The Lua source of each algorithm, prelude included (see `scripts/prelude.lua`).
+/// The Lua source of each algorithm, prelude and epilogue included (see
+/// `scripts/prelude.lua`).
 pub fn script_source(algorithm: Algorithm) -> &'static str {
     macro_rules! with_prelude {
         ($file:literal) => {
-            concat!(include_str!("scripts/prelude.lua"), include_str!($file))
+            concat!(
+                include_str!("scripts/prelude.lua"),
+                include_str!($file),
+                include_str!("scripts/epilogue.lua")
+            )
         };
     }
     match algorithm {
@@ -74,6 +82,9 @@ pub struct RedisStore {
     /// The approximate path's flush (`scripts/approximate_flush.lua`).
     flush: Script,
     deadline: Duration,
+    /// Where checks queue to share script calls; `None` in the coalescing
+    /// task's own copy, which sends them.
+    coalescer: Option<mpsc::UnboundedSender<coalesce::Queued>>,
 }
 
 /// Clones are cheap handles onto the same multiplexed connection(s).
@@ -122,12 +133,40 @@ impl RedisStore {
             .await
             .map_err(|_| StoreError::Timeout(config.connect_timeout * 2))?
             .map_err(|e| classify(e, config.connect_timeout))?;
-        Ok(RedisStore {
+        let mut store = RedisStore {
             connection,
             scripts: Algorithm::ALL.map(|a| Script::new(script_source(a))),
             flush: flush::flush_script(),
             deadline: config.deadline,
-        })
+            coalescer: None,
+        };
+        store.preload(config.connect_timeout).await;
+        store.coalescer = Some(coalesce::start(store.clone()));
+        Ok(store)
+    }
+
+    /// Loads every script now, so the first checks do not each pay a NOSCRIPT
+    /// and a SCRIPT LOAD within their deadline. Best effort: a script missing
+    /// later (a restart, a failover) is still loaded on NOSCRIPT. On a Cluster
+    /// SCRIPT LOAD reaches one node only, so there it is left to NOSCRIPT.
+    async fn preload(&self, within: Duration) {
+        let Connection::Standalone(connection) = &self.connection else {
+            return;
+        };
+        let mut connection = connection.clone();
+        let loading = async {
+            for script in self.scripts.iter().chain([&self.flush]) {
+                script.prepare_invoke().load_async(&mut connection).await?;
+            }
+            Ok::<(), RedisError>(())
+        };
+        match tokio::time::timeout(within, loading).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not preload scripts; they load on first use")
+            }
+            Err(_) => tracing::warn!("preloading scripts timed out; they load on first use"),
+        }
     }
 
     /// PING within the deadline.
@@ -195,20 +234,39 @@ impl RedisStore {
         now: Option<Micros>,
     ) -> Result<Decision, StoreError> {
         let params = &limit.params;
-        let prefix = key::key_prefix(&limit.rule, key)?;
         let scale = params.scale();
-        let mut invocation = self.script(params.algorithm()).key(prefix);
-        invocation
-            .arg(now.map(|n| n.to_string()).unwrap_or_default())
-            .arg(cost)
-            .arg(params.limit())
-            .arg(params.period_us())
-            .arg(params.tick_us())
-            .arg(scale.unit)
-            .arg(scale.refill)
-            .arg(scale.capacity)
-            .arg(params.ttl_floor_us());
-        decision_from_reply(&self.invoke(&invocation).await?)
+        let (reply, decision) = oneshot::channel();
+        let queued = coalesce::Queued {
+            algorithm: params.algorithm(),
+            prefix: key::key_prefix(&limit.rule, key)?,
+            now,
+            args: [
+                cost,
+                params.limit(),
+                params.period_us(),
+                params.tick_us(),
+                scale.unit,
+                scale.refill,
+                scale.capacity,
+                params.ttl_floor_us(),
+            ],
+            reply,
+        };
+        let Some(coalescer) = &self.coalescer else {
+            return Err(StoreError::Reply(
+                "the coalescing task's store cannot queue checks".into(),
+            ));
+        };
+        if coalescer.send(queued).is_err() {
+            return Err(stopped());
+        }
+        // The call itself is bounded by the same deadline; this one also
+        // covers the wait in the queue.
+        match tokio::time::timeout(self.deadline, decision).await {
+            Err(_) => Err(StoreError::Timeout(self.deadline)),
+            Ok(Err(_)) => Err(stopped()),
+            Ok(Ok(decision)) => decision,
+        }
     }
 
     /// Runs a prepared script on the node that owns its first key, within the
@@ -228,6 +286,14 @@ impl RedisStore {
             .map_err(|_| StoreError::Timeout(self.deadline))?
             .map_err(|e| classify(e, self.deadline))
     }
+}
+
+/// The coalescing task is gone: only when the runtime that started it shut down.
+fn stopped() -> StoreError {
+    StoreError::Connection(RedisError::from((
+        redis::ErrorKind::Io,
+        "the store's coalescing task stopped",
+    )))
 }
 
 fn certificates(ca: &[u8]) -> redis::TlsCertificates {
