@@ -19,7 +19,8 @@
 //!    `L − Σ bound`, i.e. capacity whose release the shrinking regions have
 //!    acknowledged. Σ `bound` ≤ L therefore holds in every epoch.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use super::demand::DemandTracker;
 use super::{
@@ -175,7 +176,62 @@ struct Scratch {
     demand: Vec<f64>,
     target: Vec<u64>,
     slots: Vec<Slot>,
+    fill: Fill,
 }
+
+/// Reused buffers of one water-filling, so a round over a million keys
+/// allocates nothing per key.
+#[derive(Default)]
+pub struct Fill {
+    want: Vec<f64>,
+    weights: Vec<f64>,
+    given: Vec<u64>,
+    share: Vec<f64>,
+    open: Vec<usize>,
+    next: Vec<usize>,
+    order: Vec<usize>,
+}
+
+/// A key that earned an entry, ordered by demand (ties: the smaller key
+/// ranks higher, for determinism).
+struct Candidate {
+    score: f64,
+    key: String,
+    target: Vec<u64>,
+    demand: Vec<f64>,
+}
+
+impl Candidate {
+    fn beaten_by(&self, score: f64, key: &str) -> bool {
+        match score.total_cmp(&self.score) {
+            std::cmp::Ordering::Greater => true,
+            std::cmp::Ordering::Less => false,
+            std::cmp::Ordering::Equal => key < self.key.as_str(),
+        }
+    }
+}
+
+impl Ord for Candidate {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.score
+            .total_cmp(&other.score)
+            .then_with(|| other.key.cmp(&self.key))
+    }
+}
+
+impl PartialOrd for Candidate {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Candidate {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+
+impl Eq for Candidate {}
 
 #[allow(clippy::too_many_arguments)]
 fn step_rule(
@@ -208,7 +264,14 @@ fn step_rule(
             for d in scratch.demand.iter_mut() {
                 *d = limit as f64 * *d / total;
             }
-            targets(limit, &scratch.demand, view, config, &mut scratch.target);
+            targets(
+                limit,
+                &scratch.demand,
+                view,
+                config,
+                &mut scratch.target,
+                &mut scratch.fill,
+            );
         } else if scratch
             .slots
             .iter()
@@ -235,32 +298,55 @@ fn step_rule(
             .map(|n| rule.split.get(*n).map_or(0, |s| s.target))
             .collect();
         let id = &policy.rule;
-        // Keys that earn an entry: their own targets differ from the split's
-        // by more than the hysteresis somewhere. Ranked by demand.
-        let mut wanted: Vec<(f64, String, Vec<u64>, Vec<f64>)> = Vec::new();
+        // Keys that earn an entry: under the split they would be throttled
+        // somewhere, and their own targets differ from the split's by more
+        // than the hysteresis. The top `max_key_entries` by demand are kept
+        // in a bounded heap, so a million keys cost no million clones.
+        let mut wanted: BinaryHeap<Reverse<Candidate>> = BinaryHeap::new();
         let threshold = hysteresis_units(limit, config);
+        let cap = config.max_key_entries;
         demand.for_each_key(id, &names, &mut |key, d| {
-            scratch.demand.clear();
-            scratch.demand.extend_from_slice(d);
-            targets(limit, &scratch.demand, view, config, &mut scratch.target);
+            let pinched = d.iter().zip(&split_targets).any(|(d, s)| *d > *s as f64);
+            if !pinched || cap == 0 {
+                return;
+            }
+            let score: f64 = d.iter().sum();
+            if wanted.len() >= cap
+                && wanted
+                    .peek()
+                    .is_some_and(|Reverse(min)| !min.beaten_by(score, key))
+            {
+                return;
+            }
+            targets(
+                limit,
+                d,
+                view,
+                config,
+                &mut scratch.target,
+                &mut scratch.fill,
+            );
             let differs = scratch
                 .target
                 .iter()
                 .zip(&split_targets)
                 .any(|(t, s)| t.abs_diff(*s) > threshold);
-            // Under the split the key would be throttled somewhere.
-            let pinched = d.iter().zip(&split_targets).any(|(d, s)| *d > *s as f64);
-            if differs && pinched {
-                wanted.push((
-                    d.iter().sum(),
-                    key.to_string(),
-                    scratch.target.clone(),
-                    d.to_vec(),
-                ));
+            if differs {
+                wanted.push(Reverse(Candidate {
+                    score,
+                    key: key.to_string(),
+                    target: scratch.target.clone(),
+                    demand: d.to_vec(),
+                }));
+                if wanted.len() > cap {
+                    wanted.pop();
+                }
             }
         });
-        wanted.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
-        wanted.truncate(config.max_key_entries);
+        let wanted: Vec<(f64, String, Vec<u64>, Vec<f64>)> = wanted
+            .into_iter()
+            .map(|Reverse(c)| (c.score, c.key, c.target, c.demand))
+            .collect();
         let mut fresh: BTreeMap<String, (Vec<u64>, Vec<f64>)> =
             wanted.into_iter().map(|(_, k, t, d)| (k, (t, d))).collect();
         // Entries that lost their place head back to the split and are
@@ -425,6 +511,7 @@ fn targets(
     view: &RegionsView<'_>,
     config: &Config,
     out: &mut Vec<u64>,
+    fill: &mut Fill,
 ) {
     let n = view.len();
     out.clear();
@@ -436,45 +523,44 @@ fn targets(
             capacity = capacity.saturating_sub(view.fallback[i]);
         }
     }
-    let active: Vec<usize> = (0..n)
-        .filter(|&i| !view.lapsed[i] && view.regions[i].status != RegionStatus::Failed)
-        .collect();
+    let active = |i: usize| !view.lapsed[i] && view.regions[i].status != RegionStatus::Failed;
     // Floors, scaled down if they do not fit.
-    let floors: u64 = active.iter().map(|&i| view.floors[i]).sum();
+    let floors: u64 = (0..n).filter(|&i| active(i)).map(|i| view.floors[i]).sum();
     let scale = if floors > capacity && floors > 0 {
         capacity as f64 / floors as f64
     } else {
         1.0
     };
-    for &i in &active {
+    for i in (0..n).filter(|&i| active(i)) {
         out[i] = (view.floors[i] as f64 * scale).floor() as u64;
         capacity -= out[i];
     }
-    let growing: Vec<usize> = active
-        .iter()
-        .copied()
-        .filter(|&i| view.regions[i].status == RegionStatus::Active)
-        .collect();
-    let want: Vec<f64> = growing
-        .iter()
-        .map(|&i| (demand[i] * (1.0 + config.headroom.max(0.0)) - out[i] as f64).max(0.0))
-        .collect();
-    let weights: Vec<f64> = growing
-        .iter()
-        .map(|&i| view.regions[i].weight.max(1e-9))
-        .collect();
-    let given = water_fill(capacity, &want, &weights);
-    for (k, &i) in growing.iter().enumerate() {
-        out[i] += given[k];
+    let growing = |i: usize| active(i) && view.regions[i].status == RegionStatus::Active;
+    let mut want = std::mem::take(&mut fill.want);
+    let mut weights = std::mem::take(&mut fill.weights);
+    let mut given = std::mem::take(&mut fill.given);
+    want.clear();
+    weights.clear();
+    for i in (0..n).filter(|&i| growing(i)) {
+        want.push((demand[i] * (1.0 + config.headroom.max(0.0)) - out[i] as f64).max(0.0));
+        weights.push(view.regions[i].weight.max(1e-9));
     }
-    let left = capacity - given.iter().sum::<u64>();
-    if left > 0 && !growing.is_empty() {
-        let even = vec![f64::INFINITY; growing.len()];
-        let extra = water_fill(left, &even, &weights);
-        for (k, &i) in growing.iter().enumerate() {
-            out[i] += extra[k];
+    water_fill_into(capacity, &want, &weights, &mut given, fill);
+    let mut left = capacity;
+    for (k, i) in (0..n).filter(|&i| growing(i)).enumerate() {
+        out[i] += given[k];
+        left -= given[k];
+    }
+    if left > 0 && !want.is_empty() {
+        want.iter_mut().for_each(|w| *w = f64::INFINITY);
+        water_fill_into(left, &want, &weights, &mut given, fill);
+        for (k, i) in (0..n).filter(|&i| growing(i)).enumerate() {
+            out[i] += given[k];
         }
     }
+    fill.want = want;
+    fill.weights = weights;
+    fill.given = given;
 }
 
 /// Weighted max-min fair division of `capacity` (integer units) between
@@ -483,37 +569,59 @@ fn targets(
 /// remainders go to the largest fractional parts, ties to the lower index, so
 /// the result is deterministic and sums to at most `capacity`.
 pub fn water_fill(capacity: u64, want: &[f64], weights: &[f64]) -> Vec<u64> {
+    let mut out = Vec::new();
+    water_fill_into(capacity, want, weights, &mut out, &mut Fill::default());
+    out
+}
+
+/// [`water_fill`] into `out`, with reused buffers.
+pub fn water_fill_into(
+    capacity: u64,
+    want: &[f64],
+    weights: &[f64],
+    out: &mut Vec<u64>,
+    fill: &mut Fill,
+) {
     let n = want.len();
-    let mut out = vec![0u64; n];
+    out.clear();
+    out.resize(n, 0);
     if n == 0 || capacity == 0 {
-        return out;
+        return;
     }
     let cap = capacity as f64;
     let total_want: f64 = want.iter().sum();
-    let mut share = vec![0f64; n];
+    let share = &mut fill.share;
+    share.clear();
+    share.resize(n, 0.0);
     if total_want.is_finite() && total_want <= cap {
         share.copy_from_slice(want);
     } else {
         // Raise the level until the capacity is used: claims below their
         // fair share are satisfied and leave the pool.
-        let mut open: Vec<usize> = (0..n).filter(|&i| want[i] > 0.0).collect();
+        fill.open.clear();
+        fill.open.extend((0..n).filter(|&i| want[i] > 0.0));
         let mut left = cap;
-        while !open.is_empty() {
-            let w: f64 = open.iter().map(|&i| weights[i]).sum();
+        while !fill.open.is_empty() {
+            let w: f64 = fill.open.iter().map(|&i| weights[i]).sum();
             let level = left / w;
-            let (sated, hungry): (Vec<usize>, Vec<usize>) =
-                open.iter().partition(|&&i| want[i] <= level * weights[i]);
-            if sated.is_empty() {
-                for &i in &hungry {
+            fill.next.clear();
+            let mut sated = false;
+            for &i in &fill.open {
+                if want[i] <= level * weights[i] {
+                    share[i] = want[i];
+                    left -= want[i];
+                    sated = true;
+                } else {
+                    fill.next.push(i);
+                }
+            }
+            if !sated {
+                for &i in &fill.next {
                     share[i] = level * weights[i];
                 }
                 break;
             }
-            for &i in &sated {
-                share[i] = want[i];
-                left -= want[i];
-            }
-            open = hungry;
+            std::mem::swap(&mut fill.open, &mut fill.next);
         }
     }
     let mut used = 0u64;
@@ -523,15 +631,17 @@ pub fn water_fill(capacity: u64, want: &[f64], weights: &[f64]) -> Vec<u64> {
     }
     let mut spare = capacity.saturating_sub(used);
     if spare > 0 {
-        let mut order: Vec<usize> = (0..n)
-            .filter(|&i| share[i] - (out[i] as f64) > 1e-9 && (out[i] as f64) < want[i])
-            .collect();
+        let order = &mut fill.order;
+        order.clear();
+        order.extend(
+            (0..n).filter(|&i| share[i] - (out[i] as f64) > 1e-9 && (out[i] as f64) < want[i]),
+        );
         order.sort_by(|&a, &b| {
             let fa = share[a] - out[a] as f64;
             let fb = share[b] - out[b] as f64;
             fb.total_cmp(&fa).then(a.cmp(&b))
         });
-        for i in order {
+        for &i in order.iter() {
             if spare == 0 {
                 break;
             }
@@ -539,7 +649,6 @@ pub fn water_fill(capacity: u64, want: &[f64], weights: &[f64]) -> Vec<u64> {
             spare -= 1;
         }
     }
-    out
 }
 
 /// Shrink before grow: decreases are published now; increases are granted
