@@ -33,7 +33,7 @@ enum Command {
     /// Run the whole system on this machine: 3 coordinators, 2 regions, traffic.
     Demo(meridian::demo::DemoArgs),
     /// Replay multi-region traffic in virtual time and measure the bounds.
-    Simulate,
+    Simulate(meridian::sim::cli::SimulateArgs),
     /// Load-test a limiter: throughput, latency percentiles, cost per check.
     Bench(meridian::bench::BenchArgs),
     /// Check and explain rule files.
@@ -47,7 +47,7 @@ fn main() -> std::process::ExitCode {
         Command::Coordinator(args) => return meridian::coordinator::main(args),
         Command::Ctl => "ctl",
         Command::Demo(args) => return run(meridian::demo::run(args)),
-        Command::Simulate => "simulate",
+        Command::Simulate(args) => return meridian::sim::cli::run(args),
         Command::Bench(args) => {
             return run(async { Ok(meridian::bench::run(args).await.map(drop)?) });
         }

@@ -539,17 +539,22 @@ fn targets(
     let mut want = std::mem::take(&mut fill.want);
     let mut weights = std::mem::take(&mut fill.weights);
     let mut given = std::mem::take(&mut fill.given);
-    want.clear();
-    weights.clear();
-    for i in (0..n).filter(|&i| growing(i)) {
-        want.push((demand[i] * (1.0 + config.headroom.max(0.0)) - out[i] as f64).max(0.0));
-        weights.push(view.regions[i].weight.max(1e-9));
-    }
-    water_fill_into(capacity, &want, &weights, &mut given, fill);
     let mut left = capacity;
-    for (k, i) in (0..n).filter(|&i| growing(i)).enumerate() {
-        out[i] += given[k];
-        left -= given[k];
+    // Demand first, headroom only out of what demand leaves: headroom handed
+    // to a region already served is taken from one that is throttled, and
+    // goes unused (the simulator measured 3–5 % of L lost that way).
+    for headroom in [0.0, config.headroom.max(0.0)] {
+        want.clear();
+        weights.clear();
+        for i in (0..n).filter(|&i| growing(i)) {
+            want.push((demand[i] * (1.0 + headroom) - out[i] as f64).max(0.0));
+            weights.push(view.regions[i].weight.max(1e-9));
+        }
+        water_fill_into(left, &want, &weights, &mut given, fill);
+        for (k, i) in (0..n).filter(|&i| growing(i)).enumerate() {
+            out[i] += given[k];
+            left -= given[k];
+        }
     }
     if left > 0 && !want.is_empty() {
         want.iter_mut().for_each(|w| *w = f64::INFINITY);

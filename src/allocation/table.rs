@@ -166,6 +166,27 @@ struct RuleView {
     fallback: u64,
     split: Value,
     keys: HashMap<String, Value>,
+    /// Entries the coordinator removed while their value differed from the
+    /// split's: the old value holds until the window boundary, like any
+    /// other change, or the key would jump to the split mid-window.
+    retiring: HashMap<String, (Value, Millis)>,
+}
+
+impl RuleView {
+    /// Drops a key's entry: the key follows the split from the next window
+    /// boundary (at once for buckets, or when the values already agree).
+    fn retire(&mut self, key: &str, now_ms: Millis, window: Option<u64>) {
+        let Some(old) = self.keys.remove(key) else {
+            return;
+        };
+        if let Some(p) = window.filter(|p| *p > 0)
+            && old.at(now_ms) != self.split.at(now_ms)
+        {
+            let p = p as i64;
+            let boundary = (now_ms.div_euclid(p) + 1) * p;
+            self.retiring.insert(key.to_string(), (old, boundary));
+        }
+    }
 }
 
 /// The allocations a region enforces.
@@ -237,7 +258,9 @@ impl Table {
                     fallback: ru.fallback,
                     split: Value::fresh(ru.split.unwrap_or(0)),
                     keys: HashMap::new(),
+                    retiring: HashMap::new(),
                 });
+            view.retiring.retain(|_, (_, until)| now_ms < *until);
             view.limit = ru.limit;
             view.fallback = ru.fallback;
             if let Some(v) = ru.split {
@@ -245,23 +268,29 @@ impl Table {
                     .set(v, now_ms, if ru.split_immediate { None } else { window });
             }
             if update.full {
-                view.keys
-                    .retain(|k, _| ru.keys.iter().any(|(key, _)| key == k));
+                let gone: Vec<String> = view
+                    .keys
+                    .keys()
+                    .filter(|k| !ru.keys.iter().any(|(key, _)| key == *k))
+                    .cloned()
+                    .collect();
+                for key in gone {
+                    view.retire(&key, now_ms, window);
+                }
             }
             for (key, value) in &ru.keys {
                 match value {
                     Some(v) => match view.keys.get_mut(key) {
                         Some(existing) => existing.set(*v, now_ms, window),
                         None => {
-                            // The key was enforced at the split until now.
-                            let mut val = view.split;
+                            // The key was enforced at the split (or a
+                            // retiring entry) until now.
+                            let mut val = view.retiring.remove(key).map_or(view.split, |r| r.0);
                             val.set(*v, now_ms, window);
                             view.keys.insert(key.clone(), val);
                         }
                     },
-                    None => {
-                        view.keys.remove(key);
-                    }
+                    None => view.retire(key, now_ms, window),
                 }
             }
         }
@@ -272,7 +301,13 @@ impl Table {
     /// has no allocation here (not global, or nothing received yet).
     pub fn limit(&self, rule: &str, key: &str, now_ms: Millis) -> Option<u64> {
         let view = self.rules.get(rule)?;
-        let value = view.keys.get(key).unwrap_or(&view.split).at(now_ms);
+        let value = match view.keys.get(key) {
+            Some(v) => v.at(now_ms),
+            None => match view.retiring.get(key) {
+                Some((v, until)) if now_ms < *until => v.at(now_ms),
+                _ => view.split.at(now_ms),
+            },
+        };
         Some(if now_ms > self.valid_until_ms {
             value.min(view.fallback)
         } else {

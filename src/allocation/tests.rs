@@ -5,7 +5,7 @@ use proptest::prelude::*;
 
 use super::demand::{AckTracker, DemandTracker, KeyDemand, bound_report};
 use super::rebalance::{Round, rebalance, transition, water_fill};
-use super::table::{Table, region_update};
+use super::table::{RegionUpdate, RuleUpdate, Table, region_update};
 use super::*;
 
 const NAMES: [&str; 4] = ["a", "b", "c", "d"];
@@ -585,4 +585,57 @@ proptest! {
             }
         }
     }
+}
+
+fn update(
+    epoch: Epoch,
+    valid_until_ms: Millis,
+    split: Option<u64>,
+    keys: Vec<(&str, Option<u64>)>,
+) -> RegionUpdate {
+    RegionUpdate {
+        epoch,
+        valid_until_ms,
+        full: false,
+        rules: vec![RuleUpdate {
+            rule: "r".into(),
+            limit: 1000,
+            fallback: 100,
+            split,
+            split_immediate: false,
+            keys: keys.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        }],
+        removed_rules: Vec::new(),
+    }
+}
+
+#[test]
+fn a_removed_key_entry_keeps_its_value_until_the_window_boundary() {
+    // Found by the simulator: the key jumped to the split mid-window, while
+    // the region that paid for the grow still enforced its old value.
+    let window = |_: &str| Some(60_000);
+    let first = update(1, 1_000_000, Some(600), vec![("k", Some(300))]);
+    let gone = update(2, 1_000_000, None, vec![("k", None)]);
+    let mut table = Table::default();
+    table.apply(&first, 0, window).expect("applies");
+    assert_eq!(table.limit("r", "k", 60_000), Some(300));
+    table.apply(&gone, 70_000, window).expect("applies");
+    assert_eq!(
+        table.limit("r", "k", 119_999),
+        Some(300),
+        "this window keeps its value"
+    );
+    assert_eq!(
+        table.limit("r", "k", 120_000),
+        Some(600),
+        "the next one follows the split"
+    );
+    // An entry back before the boundary continues from the retiring value.
+    let mut table = Table::default();
+    table.apply(&first, 0, window).expect("applies");
+    table.apply(&gone, 70_000, window).expect("applies");
+    let back = update(3, 1_000_000, None, vec![("k", Some(500))]);
+    table.apply(&back, 80_000, window).expect("applies");
+    assert_eq!(table.limit("r", "k", 90_000), Some(300));
+    assert_eq!(table.limit("r", "k", 120_000), Some(500));
 }

@@ -1,0 +1,189 @@
+//! One region's counters — the simulated Redis — decided by the real
+//! algorithm state machines (`crate::algorithm`), with the allocation passed
+//! as the limit exactly as the limiter passes it to its Lua script.
+//!
+//! Pods share their region's counters, so a key's count is one number per
+//! region even while its pods enforce different epochs.
+
+use std::collections::HashMap;
+
+use crate::algorithm::{
+    Algorithm, BucketScale, Micros, Params, fixed_window, sliding_counter, sliding_log,
+    token_bucket,
+};
+
+use super::scenario::RuleSpec;
+
+/// The state of one key, one variant per simulated algorithm.
+#[derive(Debug, Clone)]
+enum Counter {
+    Fixed(fixed_window::State),
+    Log(sliding_log::State),
+    Sliding(sliding_counter::State),
+    /// With the parameters it was last decided with (see [`rescale`]).
+    Bucket(token_bucket::State, Option<Params>),
+}
+
+/// Counters of one region (or of the ideal global counter), by customer.
+pub struct Counters {
+    algorithm: Algorithm,
+    keys: Vec<Option<Counter>>,
+}
+
+impl Counters {
+    pub fn new(algorithm: Algorithm, customers: usize) -> Counters {
+        Counters {
+            algorithm,
+            keys: vec![None; customers],
+        }
+    }
+
+    /// Asks for `hits` of `key` at `now` under `params` (`None`: an
+    /// allocation of 0, which admits nothing). Returns (admitted, remaining).
+    ///
+    /// The hits arrive together, so admitting as many as fit equals deciding
+    /// them one by one: a peek says how many fit, one check takes them.
+    pub fn admit(
+        &mut self,
+        key: u32,
+        hits: u64,
+        params: Option<&Params>,
+        now: Micros,
+    ) -> (u64, u64) {
+        let Some(params) = params else {
+            return (0, 0);
+        };
+        let algorithm = self.algorithm;
+        let counter = self.keys[key as usize].get_or_insert_with(|| match algorithm {
+            Algorithm::FixedWindow => Counter::Fixed(Default::default()),
+            Algorithm::SlidingWindowLog => Counter::Log(Default::default()),
+            Algorithm::SlidingWindowCounter => Counter::Sliding(Default::default()),
+            _ => Counter::Bucket(Default::default(), None),
+        });
+        let decide = |counter: &mut Counter, cost: u64| match counter {
+            Counter::Fixed(s) => fixed_window::decide(s, now, cost, params).decision,
+            Counter::Log(s) => sliding_log::decide(s, now, cost, params).decision,
+            Counter::Sliding(s) => sliding_counter::decide(s, now, cost, params).decision,
+            Counter::Bucket(s, _) => token_bucket::decide(s, now, cost, params).decision,
+        };
+        if let Counter::Bucket(state, last) = counter {
+            if let Some(old) = last.as_ref().filter(|old| *old != params) {
+                rescale(state, old, params, now);
+            }
+            *last = Some(params.clone());
+        }
+        let room = decide(counter, 0).remaining;
+        let take = hits.min(room);
+        if take == 0 {
+            return (0, room);
+        }
+        let d = decide(counter, take);
+        debug_assert!(d.allowed, "a peek said {take} fit");
+        if d.allowed {
+            (take, d.remaining)
+        } else {
+            (0, 0)
+        }
+    }
+}
+
+/// A token bucket whose allocation changed: its tokens are stored in scaled
+/// units of the old parameters (`BucketScale::unit` depends on the rate), so
+/// they are converted, capped at the new burst, and the refill since the last
+/// decision is credited at the lower of the two rates — never more than
+/// either allocation allowed.
+fn rescale(state: &mut token_bucket::State, old: &Params, new: &Params, now: Micros) {
+    if state.level.is_none() {
+        return;
+    }
+    let convert = |state: &mut token_bucket::State, from: &Params, to: &Params| {
+        let (
+            BucketScale { unit: fu, .. },
+            BucketScale {
+                unit: tu, capacity, ..
+            },
+        ) = (from.scale(), to.scale());
+        if let Some(level) = state.level.as_mut() {
+            let tokens = u128::from(level.tokens) * u128::from(tu) / u128::from(fu.max(1));
+            level.tokens = (tokens.min(u128::from(capacity))) as u64;
+            // Round the refill clock up: converting never credits time.
+            level.tick = (level.tick * from.tick_us()).div_ceil(to.tick_us());
+        }
+    };
+    if new.limit() < old.limit() {
+        convert(state, old, new);
+        token_bucket::decide(state, now, 0, new);
+    } else {
+        token_bucket::decide(state, now, 0, old);
+        convert(state, old, new);
+    }
+}
+
+/// Parameters per allocation value, built once each.
+pub struct ParamsCache {
+    rule: RuleSpec,
+    cache: HashMap<u64, Option<Params>>,
+}
+
+impl ParamsCache {
+    pub fn new(rule: &RuleSpec) -> ParamsCache {
+        ParamsCache {
+            rule: rule.clone(),
+            cache: HashMap::new(),
+        }
+    }
+
+    pub fn get(&mut self, allocation: u64) -> Option<&Params> {
+        if self.cache.len() > 100_000 {
+            // Proportional share mints a value per key per interval.
+            self.cache.clear();
+        }
+        let rule = &self.rule;
+        self.cache
+            .entry(allocation)
+            .or_insert_with(|| rule.params(allocation))
+            .as_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::Partition;
+
+    fn rule(algorithm: Algorithm) -> RuleSpec {
+        RuleSpec {
+            algorithm,
+            limit: 1000,
+            period_ms: 1000,
+            burst: algorithm.has_burst().then_some(1000),
+            partition: Partition::Strict,
+            fallback: 0.5,
+        }
+    }
+
+    #[test]
+    fn admits_what_fits_of_a_batch() {
+        let mut p = ParamsCache::new(&rule(Algorithm::FixedWindow));
+        let mut c = Counters::new(Algorithm::FixedWindow, 1);
+        let t = 1_700_006_400_000_000;
+        assert_eq!(c.admit(0, 70, p.get(100), t), (70, 30));
+        assert_eq!(c.admit(0, 70, p.get(100), t + 1), (30, 0));
+        assert_eq!(c.admit(0, 70, p.get(0), t + 2), (0, 0));
+        assert_eq!(c.admit(0, 70, p.get(100), t + 1_000_000).0, 70);
+    }
+
+    #[test]
+    fn a_bucket_shrinking_keeps_no_more_than_its_new_burst() {
+        let mut p = ParamsCache::new(&rule(Algorithm::TokenBucket));
+        let mut c = Counters::new(Algorithm::TokenBucket, 1);
+        let t = 1_700_006_400_000_000;
+        assert_eq!(c.admit(0, 10, p.get(600), t).0, 10);
+        // Burst 600 → 300 (allocation 600 → 300 of 1000 with burst 1000).
+        assert_eq!(c.admit(0, 1000, p.get(300), t + 1).0, 300);
+        // Growing again refills at the rate, not at once.
+        assert_eq!(c.admit(0, 1000, p.get(600), t + 2).0, 0);
+        let (got, _) = c.admit(0, 1000, p.get(600), t + 100_002);
+        assert!((59..=61).contains(&got), "100 ms at 600/s: {got}");
+    }
+}

@@ -1,0 +1,719 @@
+//! Scenario files: what the world looks like (regions, pods, network,
+//! failures), which rule is simulated and the traffic it sees.
+//!
+//! Parsed from TOML into raw structs that reject unknown fields, then
+//! validated into [`Scenario`], so a typo or an impossible value fails with
+//! the file, the field and the reason — never with a panic.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::algorithm::{Algorithm, Params};
+use crate::allocation::Config;
+use crate::rules::Partition;
+
+/// A scenario file that cannot be used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{file}: {field}: {reason}")]
+pub struct ScenarioError {
+    pub file: String,
+    /// Dotted path of the offending field (`region[1].latency_ms`), or
+    /// `toml` for a syntax error.
+    pub field: String,
+    pub reason: String,
+}
+
+/// A validated scenario. Times are milliseconds from the simulation start.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub name: String,
+    pub description: String,
+    pub duration_ms: i64,
+    /// Traffic is generated and checked once per step.
+    pub step_ms: i64,
+    pub rule: RuleSpec,
+    pub coordinator: CoordinatorSpec,
+    pub regions: Vec<RegionSpec>,
+    pub traffic: TrafficSpec,
+}
+
+#[derive(Debug, Clone)]
+pub struct RuleSpec {
+    pub algorithm: Algorithm,
+    /// The world-wide limit per period (the refill per period for buckets).
+    pub limit: u64,
+    pub period_ms: i64,
+    /// Token bucket only: world-wide burst, split between regions like the rate.
+    pub burst: Option<u64>,
+    pub partition: Partition,
+    pub fallback: f64,
+}
+
+impl RuleSpec {
+    /// Parameters enforcing `allocation` of the limit; `None` admits nothing.
+    pub fn params(&self, allocation: u64) -> Option<Params> {
+        if allocation == 0 {
+            return None;
+        }
+        let burst = self.burst.map(|b| {
+            // The burst is split in the same proportion as the rate, so the
+            // regions' bursts never sum above the world-wide one.
+            (u128::from(b) * u128::from(allocation) / u128::from(self.limit.max(1))) as i64
+        });
+        if burst == Some(0) {
+            return None;
+        }
+        let period = Duration::from_millis(self.period_ms as u64);
+        Params::new(self.algorithm, allocation as i64, period, burst).ok()
+    }
+
+    pub fn windowed(&self) -> bool {
+        !self.algorithm.has_burst()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct CoordinatorSpec {
+    pub rebalance_interval_ms: i64,
+    pub report_interval_ms: i64,
+    /// Probability that one pod report is lost on the way.
+    pub report_loss: f64,
+    /// Keys per report; the rest is folded into a remainder.
+    pub top_n: usize,
+    /// Early top-up (Meridian only).
+    pub top_up: bool,
+    pub config: Config,
+    /// Spans during which no coordinator is reachable.
+    pub outages: Vec<Span>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RegionSpec {
+    pub name: String,
+    pub weight: f64,
+    pub pods: usize,
+    /// One way, region ↔ coordinator (and ↔ the ideal global counter).
+    pub latency_ms: i64,
+    /// Cut off from the coordinator; traffic is still served.
+    pub partitions: Vec<Span>,
+    /// Down: serves nothing, its traffic fails over to the other regions.
+    pub failures: Vec<Span>,
+    /// Hour (UTC) at which follow-the-sun demand peaks here.
+    pub peak_hour: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub from_ms: i64,
+    pub to_ms: i64,
+}
+
+impl Span {
+    pub fn contains(&self, t: i64) -> bool {
+        self.from_ms <= t && t < self.to_ms
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// The regional mix changes only at `shift`s.
+    Steady,
+    /// Each region's share rises and falls with its local day.
+    FollowTheSun,
+}
+
+#[derive(Debug, Clone)]
+pub struct TrafficSpec {
+    pub customers: usize,
+    /// Customer k (from 0) asks for `rate / (k + 1)^zipf` hits per second.
+    pub zipf: f64,
+    pub rate: f64,
+    pub shape: Shape,
+    /// Regional shares (in region order) before the first shift.
+    pub mix: Vec<f64>,
+    pub shifts: Vec<Shift>,
+    pub surges: Vec<Surge>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Shift {
+    pub at_ms: i64,
+    pub mix: Vec<f64>,
+}
+
+/// Demand multiplied by `factor` for some customers in some regions.
+#[derive(Debug, Clone)]
+pub struct Surge {
+    pub span: Span,
+    /// Region index; `None` = every region.
+    pub region: Option<usize>,
+    /// `None` = every customer.
+    pub customers: Option<Vec<usize>>,
+    pub factor: f64,
+}
+
+impl Scenario {
+    pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+            file: file.clone(),
+            field: "file".into(),
+            reason: format!("cannot read: {e}"),
+        })?;
+        Scenario::parse(&file, &text)
+    }
+
+    /// `file` names the source in errors.
+    pub fn parse(file: &str, text: &str) -> Result<Scenario, ScenarioError> {
+        let raw: RawScenario = toml::from_str(text).map_err(|e| ScenarioError {
+            file: file.to_string(),
+            field: "toml".into(),
+            reason: e.to_string().trim_end().replace('\n', " "),
+        })?;
+        raw.validate(file)
+    }
+
+    /// Times at which demand moves between regions (catch-up is measured
+    /// from each).
+    pub fn shift_times(&self) -> Vec<i64> {
+        let mut t: Vec<i64> = self.traffic.shifts.iter().map(|s| s.at_ms).collect();
+        for s in &self.traffic.surges {
+            t.extend([s.span.from_ms, s.span.to_ms]);
+        }
+        for r in &self.regions {
+            for f in &r.failures {
+                t.extend([f.from_ms, f.to_ms]);
+            }
+        }
+        t.retain(|&x| x > 0 && x < self.duration_ms);
+        t.sort_unstable();
+        t.dedup();
+        t
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScenario {
+    name: String,
+    #[serde(default)]
+    description: String,
+    duration_s: i64,
+    step_ms: Option<i64>,
+    rule: RawRule,
+    #[serde(default)]
+    coordinator: RawCoordinator,
+    region: Vec<RawRegion>,
+    traffic: RawTraffic,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    algorithm: String,
+    limit: i64,
+    period_s: i64,
+    burst: Option<i64>,
+    partition: Option<String>,
+    fallback: Option<f64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawCoordinator {
+    rebalance_interval_s: Option<i64>,
+    report_interval_s: Option<i64>,
+    report_loss: Option<f64>,
+    top_n: Option<usize>,
+    top_up: Option<bool>,
+    lease_s: Option<i64>,
+    suspect_after_s: Option<i64>,
+    skew_margin_ms: Option<i64>,
+    ewma_alpha: Option<f64>,
+    headroom: Option<f64>,
+    floor: Option<f64>,
+    hysteresis: Option<f64>,
+    max_shift: Option<f64>,
+    max_key_entries: Option<usize>,
+    #[serde(default)]
+    outages: Vec<RawSpan>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRegion {
+    name: String,
+    weight: Option<f64>,
+    pods: Option<usize>,
+    latency_ms: Option<i64>,
+    #[serde(default)]
+    partitions: Vec<RawSpan>,
+    #[serde(default)]
+    failures: Vec<RawSpan>,
+    peak_hour: Option<f64>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(deny_unknown_fields)]
+struct RawSpan {
+    from_s: i64,
+    to_s: i64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTraffic {
+    customers: usize,
+    zipf: Option<f64>,
+    rate: f64,
+    shape: Option<String>,
+    mix: Option<BTreeMap<String, f64>>,
+    #[serde(default)]
+    shift: Vec<RawShift>,
+    #[serde(default)]
+    surge: Vec<RawSurge>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawShift {
+    at_s: i64,
+    mix: BTreeMap<String, f64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSurge {
+    from_s: i64,
+    to_s: i64,
+    region: Option<String>,
+    customers: Option<Vec<usize>>,
+    factor: f64,
+}
+
+/// Collects the first error with the file name attached.
+struct Check<'a> {
+    file: &'a str,
+}
+
+impl Check<'_> {
+    fn fail<T>(
+        &self,
+        field: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Result<T, ScenarioError> {
+        Err(ScenarioError {
+            file: self.file.to_string(),
+            field: field.into(),
+            reason: reason.into(),
+        })
+    }
+
+    fn ensure(
+        &self,
+        ok: bool,
+        field: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Result<(), ScenarioError> {
+        if ok { Ok(()) } else { self.fail(field, reason) }
+    }
+
+    fn fraction(&self, v: Option<f64>, default: f64, field: &str) -> Result<f64, ScenarioError> {
+        let v = v.unwrap_or(default);
+        self.ensure(
+            v.is_finite() && (0.0..=1.0).contains(&v),
+            field,
+            format!("{v} must be between 0 and 1"),
+        )?;
+        Ok(v)
+    }
+
+    fn seconds(&self, v: Option<i64>, default: i64, field: &str) -> Result<i64, ScenarioError> {
+        let v = v.unwrap_or(default);
+        self.ensure(v > 0, field, format!("{v} must be at least 1 second"))?;
+        Ok(v * 1000)
+    }
+
+    fn span(&self, s: RawSpan, duration_s: i64, field: &str) -> Result<Span, ScenarioError> {
+        self.ensure(
+            0 <= s.from_s && s.from_s < s.to_s,
+            field,
+            format!("from_s {} must be ≥ 0 and before to_s {}", s.from_s, s.to_s),
+        )?;
+        self.ensure(
+            s.from_s < duration_s,
+            field,
+            format!("from_s {} is after the end ({duration_s} s)", s.from_s),
+        )?;
+        Ok(Span {
+            from_ms: s.from_s * 1000,
+            to_ms: s.to_s * 1000,
+        })
+    }
+
+    fn mix(
+        &self,
+        mix: &BTreeMap<String, f64>,
+        regions: &[RegionSpec],
+        field: &str,
+    ) -> Result<Vec<f64>, ScenarioError> {
+        for (name, share) in mix {
+            if !regions.iter().any(|r| &r.name == name) {
+                return self.fail(
+                    format!("{field}.{name}"),
+                    format!("no region named {name:?}"),
+                );
+            }
+            self.ensure(
+                share.is_finite() && *share >= 0.0,
+                format!("{field}.{name}"),
+                format!("{share} must be a share ≥ 0"),
+            )?;
+        }
+        let out: Vec<f64> = regions
+            .iter()
+            .map(|r| mix.get(&r.name).copied().unwrap_or(0.0))
+            .collect();
+        self.ensure(
+            out.iter().sum::<f64>() > 0.0,
+            field,
+            "at least one region needs a share above 0",
+        )?;
+        Ok(out)
+    }
+}
+
+impl RawScenario {
+    fn validate(self, file: &str) -> Result<Scenario, ScenarioError> {
+        let c = Check { file };
+        c.ensure(!self.name.trim().is_empty(), "name", "must not be empty")?;
+        c.ensure(
+            self.name
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || ch == '-' || ch == '_'),
+            "name",
+            format!(
+                "{:?} may hold only letters, digits, '-' and '_' (it names the output folder)",
+                self.name
+            ),
+        )?;
+        c.ensure(
+            self.duration_s > 0,
+            "duration_s",
+            format!("{} must be at least 1", self.duration_s),
+        )?;
+        let step_ms = self.step_ms.unwrap_or(1000);
+        c.ensure(
+            step_ms > 0 && 1000 % step_ms == 0,
+            "step_ms",
+            format!("{step_ms} must divide 1000 (1, 2, 5, 10, … 1000)"),
+        )?;
+
+        let r = &self.rule;
+        let algorithm: Algorithm = match r.algorithm.parse() {
+            Ok(a) => a,
+            Err(e) => return c.fail("rule.algorithm", e.reason),
+        };
+        c.ensure(
+            algorithm != Algorithm::LeakyBucket,
+            "rule.algorithm",
+            "leaky_bucket is not simulated yet; use token_bucket for a rate with a burst",
+        )?;
+        c.ensure(
+            r.limit >= 1,
+            "rule.limit",
+            format!("{} must be at least 1", r.limit),
+        )?;
+        c.ensure(
+            r.period_s >= 1,
+            "rule.period_s",
+            format!("{} must be at least 1", r.period_s),
+        )?;
+        c.ensure(
+            r.burst.is_none() || algorithm.has_burst(),
+            "rule.burst",
+            format!("{algorithm} has no burst"),
+        )?;
+        let partition = match r.partition.as_deref().unwrap_or("strict") {
+            "strict" => Partition::Strict,
+            "available" => Partition::Available,
+            other => {
+                return c.fail(
+                    "rule.partition",
+                    format!("{other:?}: expected \"strict\" or \"available\""),
+                );
+            }
+        };
+        let rule = RuleSpec {
+            algorithm,
+            limit: r.limit as u64,
+            period_ms: r.period_s * 1000,
+            burst: match (algorithm.has_burst(), r.burst) {
+                (true, Some(b)) if b >= 1 => Some(b as u64),
+                (true, Some(b)) => return c.fail("rule.burst", format!("{b} must be at least 1")),
+                (true, None) => Some(r.limit as u64),
+                (false, _) => None,
+            },
+            partition,
+            fallback: c.fraction(r.fallback, 0.5, "rule.fallback")?,
+        };
+        if let Err(e) = Params::new(
+            algorithm,
+            r.limit,
+            Duration::from_millis(rule.period_ms as u64),
+            rule.burst.map(|b| b as i64),
+        ) {
+            return c.fail(format!("rule.{}", e.field), e.reason);
+        }
+        c.ensure(
+            rule.period_ms % step_ms == 0,
+            "step_ms",
+            "must divide the rule's period",
+        )?;
+
+        let k = &self.coordinator;
+        let defaults = Config::default();
+        let config = Config {
+            lease_ms: c.seconds(k.lease_s, defaults.lease_ms / 1000, "coordinator.lease_s")?,
+            suspect_after_ms: c.seconds(
+                k.suspect_after_s,
+                defaults.suspect_after_ms / 1000,
+                "coordinator.suspect_after_s",
+            )?,
+            skew_margin_ms: {
+                let v = k.skew_margin_ms.unwrap_or(defaults.skew_margin_ms);
+                c.ensure(
+                    v >= 0,
+                    "coordinator.skew_margin_ms",
+                    format!("{v} must be ≥ 0"),
+                )?;
+                v
+            },
+            ewma_alpha: c.fraction(k.ewma_alpha, defaults.ewma_alpha, "coordinator.ewma_alpha")?,
+            headroom: {
+                let v = k.headroom.unwrap_or(defaults.headroom);
+                c.ensure(
+                    v.is_finite() && v >= 0.0,
+                    "coordinator.headroom",
+                    format!("{v} must be ≥ 0"),
+                )?;
+                v
+            },
+            floor: c.fraction(k.floor, defaults.floor, "coordinator.floor")?,
+            hysteresis: c.fraction(k.hysteresis, defaults.hysteresis, "coordinator.hysteresis")?,
+            max_shift: match k.max_shift {
+                None => None,
+                Some(v) => Some(c.fraction(Some(v), 0.0, "coordinator.max_shift")?),
+            },
+            max_key_entries: k.max_key_entries.unwrap_or(defaults.max_key_entries),
+        };
+        c.ensure(
+            config.suspect_after_ms < config.lease_ms,
+            "coordinator.suspect_after_s",
+            "must be shorter than lease_s",
+        )?;
+        let mut outages = Vec::new();
+        for (i, s) in k.outages.iter().enumerate() {
+            outages.push(c.span(*s, self.duration_s, &format!("coordinator.outages[{i}]"))?);
+        }
+        let coordinator = CoordinatorSpec {
+            rebalance_interval_ms: c.seconds(
+                k.rebalance_interval_s,
+                60,
+                "coordinator.rebalance_interval_s",
+            )?,
+            report_interval_ms: c.seconds(
+                k.report_interval_s,
+                10,
+                "coordinator.report_interval_s",
+            )?,
+            report_loss: c.fraction(k.report_loss, 0.0, "coordinator.report_loss")?,
+            top_n: {
+                let v = k.top_n.unwrap_or(100);
+                c.ensure(v >= 1, "coordinator.top_n", "must be at least 1")?;
+                v
+            },
+            top_up: k.top_up.unwrap_or(true),
+            config,
+            outages,
+        };
+
+        c.ensure(
+            !self.region.is_empty(),
+            "region",
+            "at least one [[region]] is needed",
+        )?;
+        let count = self.region.len();
+        let mut regions = Vec::new();
+        for (i, raw) in self.region.iter().enumerate() {
+            let field = |f: &str| format!("region[{i}].{f}");
+            c.ensure(!raw.name.is_empty(), field("name"), "must not be empty")?;
+            c.ensure(
+                !regions.iter().any(|r: &RegionSpec| r.name == raw.name),
+                field("name"),
+                format!("{:?} is listed twice", raw.name),
+            )?;
+            let weight = raw.weight.unwrap_or(1.0);
+            c.ensure(
+                weight.is_finite() && weight > 0.0,
+                field("weight"),
+                format!("{weight} must be above 0"),
+            )?;
+            let pods = raw.pods.unwrap_or(3);
+            c.ensure(
+                (1..=64).contains(&pods),
+                field("pods"),
+                format!("{pods} must be between 1 and 64"),
+            )?;
+            let latency_ms = raw.latency_ms.unwrap_or(30);
+            c.ensure(
+                (0..=10_000).contains(&latency_ms),
+                field("latency_ms"),
+                format!("{latency_ms} must be between 0 and 10000"),
+            )?;
+            let mut partitions = Vec::new();
+            for (j, s) in raw.partitions.iter().enumerate() {
+                partitions.push(c.span(
+                    *s,
+                    self.duration_s,
+                    &field(&format!("partitions[{j}]")),
+                )?);
+            }
+            let mut failures = Vec::new();
+            for (j, s) in raw.failures.iter().enumerate() {
+                failures.push(c.span(*s, self.duration_s, &field(&format!("failures[{j}]")))?);
+            }
+            let peak_hour = raw.peak_hour.unwrap_or(24.0 * i as f64 / count as f64);
+            c.ensure(
+                peak_hour.is_finite() && (0.0..24.0).contains(&peak_hour),
+                field("peak_hour"),
+                format!("{peak_hour} must be in [0, 24)"),
+            )?;
+            regions.push(RegionSpec {
+                name: raw.name.clone(),
+                weight,
+                pods,
+                latency_ms,
+                partitions,
+                failures,
+                peak_hour,
+            });
+        }
+
+        let t = &self.traffic;
+        c.ensure(
+            (1..=10_000_000).contains(&t.customers),
+            "traffic.customers",
+            format!("{} must be between 1 and 10000000", t.customers),
+        )?;
+        let zipf = t.zipf.unwrap_or(0.0);
+        c.ensure(
+            zipf.is_finite() && (0.0..=5.0).contains(&zipf),
+            "traffic.zipf",
+            format!("{zipf} must be between 0 and 5"),
+        )?;
+        c.ensure(
+            t.rate.is_finite() && t.rate > 0.0 && t.rate <= 1e7,
+            "traffic.rate",
+            format!(
+                "{} must be above 0 (hits per second) and at most 1e7",
+                t.rate
+            ),
+        )?;
+        let shape = match t.shape.as_deref().unwrap_or("steady") {
+            "steady" => Shape::Steady,
+            "follow_the_sun" => Shape::FollowTheSun,
+            other => {
+                return c.fail(
+                    "traffic.shape",
+                    format!("{other:?}: expected \"steady\" or \"follow_the_sun\""),
+                );
+            }
+        };
+        let mix = match &t.mix {
+            Some(m) => c.mix(m, &regions, "traffic.mix")?,
+            None => regions.iter().map(|r| r.weight).collect(),
+        };
+        let mut shifts = Vec::new();
+        for (i, s) in t.shift.iter().enumerate() {
+            let field = format!("traffic.shift[{i}]");
+            c.ensure(
+                (0..self.duration_s).contains(&s.at_s),
+                format!("{field}.at_s"),
+                format!("{} is outside the run (0..{} s)", s.at_s, self.duration_s),
+            )?;
+            shifts.push(Shift {
+                at_ms: s.at_s * 1000,
+                mix: c.mix(&s.mix, &regions, &format!("{field}.mix"))?,
+            });
+        }
+        shifts.sort_by_key(|s| s.at_ms);
+        let mut surges = Vec::new();
+        for (i, s) in t.surge.iter().enumerate() {
+            let field = format!("traffic.surge[{i}]");
+            let span = c.span(
+                RawSpan {
+                    from_s: s.from_s,
+                    to_s: s.to_s,
+                },
+                self.duration_s,
+                &field,
+            )?;
+            let region = match &s.region {
+                None => None,
+                Some(name) => match regions.iter().position(|r| &r.name == name) {
+                    Some(i) => Some(i),
+                    None => {
+                        return c.fail(
+                            format!("{field}.region"),
+                            format!("no region named {name:?}"),
+                        );
+                    }
+                },
+            };
+            if let Some(list) = &s.customers
+                && let Some(bad) = list.iter().find(|&&k| k >= t.customers)
+            {
+                return c.fail(
+                    format!("{field}.customers"),
+                    format!(
+                        "customer {bad} does not exist (customers are 0..{})",
+                        t.customers
+                    ),
+                );
+            }
+            c.ensure(
+                s.factor.is_finite() && s.factor >= 0.0 && s.factor <= 1e4,
+                format!("{field}.factor"),
+                format!("{} must be between 0 and 10000", s.factor),
+            )?;
+            surges.push(Surge {
+                span,
+                region,
+                customers: s.customers.clone(),
+                factor: s.factor,
+            });
+        }
+        Ok(Scenario {
+            name: self.name,
+            description: self.description,
+            duration_ms: self.duration_s * 1000,
+            step_ms,
+            rule,
+            coordinator,
+            regions,
+            traffic: TrafficSpec {
+                customers: t.customers,
+                zipf,
+                rate: t.rate,
+                shape,
+                mix,
+                shifts,
+                surges,
+            },
+        })
+    }
+}

@@ -1,0 +1,958 @@
+//! One strategy's world: regions with pods and counters, the network between
+//! them and the coordinator, and the coordinator itself — advanced in virtual
+//! time, one step at a time, with control-plane messages as timed events.
+//!
+//! Meridian's coordinator is the real one minus Raft: `rebalance`, `diff`,
+//! `apply`, `region_update`, `DemandTracker`, `AckTracker`, and every pod
+//! enforces through the real `Table`. A committed epoch is what the leader
+//! would commit; replication delay is folded into the network latency.
+
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::algorithm::Micros;
+use crate::allocation::demand::{AckTracker, DemandTracker, KeyDemand, bound_report};
+use crate::allocation::rebalance::{Round, is_noop, rebalance};
+use crate::allocation::table::{RegionUpdate, RuleUpdate, Table, region_update};
+use crate::allocation::{
+    Allocations, Epoch, Millis, RegionInput, RegionStatus, RulePolicy, TOP_UP_AT, fallback_share,
+    static_shares,
+};
+use crate::rules::Partition;
+
+use super::enforce::{Counters, ParamsCache};
+use super::scenario::Scenario;
+use super::traffic::Batch;
+
+/// The simulated global rule's id.
+pub const RULE: &str = "global";
+/// Virtual Unix time of the simulation start: a midnight UTC, so clock-aligned
+/// windows and follow-the-sun hours line up with the scenario's seconds.
+pub const T0_MS: Millis = 1_700_006_400_000;
+
+/// How allocations are decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Strategy {
+    /// One exact world-wide counter: the reference every strategy is judged
+    /// against; each check pays the round trip to it.
+    Ideal,
+    /// Each region enforces its static share by weight, forever.
+    Static,
+    /// Doorman-style proportional share: every interval each region gets
+    /// `L × its demand / total demand` (spare capacity by weight), applied
+    /// as soon as it arrives — no shrink-before-grow, no window boundary.
+    Proportional,
+    /// The real rebalancer: EWMA, max-min water-filling, shrink before grow,
+    /// window-boundary switching, leases, early top-up.
+    Meridian,
+}
+
+impl Strategy {
+    pub const ALL: [Strategy; 4] = [
+        Strategy::Ideal,
+        Strategy::Static,
+        Strategy::Proportional,
+        Strategy::Meridian,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Ideal => "ideal",
+            Strategy::Static => "static",
+            Strategy::Proportional => "proportional",
+            Strategy::Meridian => "meridian",
+        }
+    }
+}
+
+enum Event {
+    /// Coordinator → pod.
+    Deliver {
+        region: usize,
+        pod: usize,
+        update: Rc<RegionUpdate>,
+    },
+    /// Pod → coordinator: the epoch it now holds.
+    Ack {
+        region: usize,
+        pod: usize,
+        epoch: Epoch,
+    },
+    Report {
+        region: usize,
+        pod: usize,
+        keys: Vec<KeyDemand>,
+        remainder: u64,
+        epoch: Epoch,
+    },
+    TopUp {
+        region: usize,
+        key: u32,
+        per_period: f64,
+    },
+    /// A rebalance round; `roll` marks the scheduled ones, which end a demand
+    /// sampling interval (early top-up rounds do not).
+    Round { roll: bool },
+    /// Acknowledgements arrived: grant what they released.
+    Transition,
+}
+
+struct Pod {
+    id: String,
+    table: Table,
+    /// Hits asked and allowed per key since the last report.
+    asked: HashMap<u32, (u64, u64)>,
+    /// The window in which a key last asked for a top-up (one per window).
+    topped: HashMap<u32, i64>,
+}
+
+struct Region {
+    counters: Counters,
+    pods: Vec<Pod>,
+    static_share: u64,
+}
+
+/// The coordinator's memory.
+struct Coordinator {
+    state: Allocations,
+    demand: DemandTracker,
+    acks: AckTracker,
+    /// The epoch each pod's stream has carried; `None` after the stream
+    /// broke (a snapshot follows when the link is back).
+    sent: Vec<Vec<Option<Epoch>>>,
+    /// Proportional share: the last update per region, resent on reconnect.
+    latest: Vec<Option<Rc<RegionUpdate>>>,
+    last_roll: i64,
+    last_full: i64,
+    early_pending: bool,
+    transition_pending: bool,
+    inputs: Vec<RegionInput>,
+    policy: Vec<RulePolicy>,
+}
+
+/// What one strategy admitted in the current window (closed by the runner).
+#[derive(Default)]
+pub struct WindowAcc {
+    /// Per key: (asked, admitted) world-wide.
+    pub keys: HashMap<u32, (u64, u64)>,
+    pub region_admitted: Vec<u64>,
+    /// The most any of key 0's pods enforced per region during the window.
+    pub key0_alloc: Vec<u64>,
+    /// Round trips to the global counter paid (Ideal), in ms, and checks.
+    pub rtt_ms: u128,
+    pub checks: u64,
+    /// Token bucket: the largest excess over `B + R·T` seen this window.
+    pub bucket_excess: f64,
+}
+
+pub struct Engine {
+    pub strategy: Strategy,
+    scenario: Rc<Scenario>,
+    keys: Rc<[String]>,
+    regions: Vec<Region>,
+    ideal: Option<Counters>,
+    coordinator: Option<Coordinator>,
+    params: ParamsCache,
+    events: BTreeMap<(i64, u64), Event>,
+    seq: u64,
+    rng: StdRng,
+    pub acc: WindowAcc,
+    /// Token bucket check per key: (admitted so far, min over past steps of
+    /// admitted − R·t).
+    bucket: HashMap<u32, (u64, f64)>,
+    /// Token bucket: admitted world-wide per key in the current step.
+    step_hits: HashMap<u32, u64>,
+    /// `partition: available`: tables of a cut-off region when the cut began,
+    /// with the span (the allowance of DESIGN §4).
+    cut_tables: Vec<(usize, i64, i64, Vec<Table>)>,
+    failed_before: Vec<bool>,
+    partitioned_before: Vec<bool>,
+}
+
+fn abs(t: i64) -> Millis {
+    T0_MS + t
+}
+
+fn abs_us(t: i64) -> Micros {
+    (abs(t) as u64) * 1000
+}
+
+impl Engine {
+    pub fn new(
+        scenario: Rc<Scenario>,
+        strategy: Strategy,
+        seed: u64,
+        keys: Rc<[String]>,
+    ) -> Engine {
+        let s = &scenario;
+        let inputs: Vec<RegionInput> = s
+            .regions
+            .iter()
+            .map(|r| RegionInput {
+                name: r.name.clone(),
+                weight: r.weight,
+                status: RegionStatus::Active,
+                last_heard_ms: Some(abs(0)),
+                acked: None,
+            })
+            .collect();
+        let statics = static_shares(s.rule.limit, &inputs);
+        let regions = s
+            .regions
+            .iter()
+            .zip(&statics)
+            .map(|(r, share)| Region {
+                counters: Counters::new(s.rule.algorithm, s.traffic.customers),
+                pods: (0..r.pods)
+                    .map(|p| Pod {
+                        id: format!("{}-{p}", r.name),
+                        table: Table::default(),
+                        asked: HashMap::new(),
+                        topped: HashMap::new(),
+                    })
+                    .collect(),
+                static_share: *share,
+            })
+            .collect();
+        let policy = vec![RulePolicy {
+            rule: RULE.into(),
+            limit: s.rule.limit,
+            partition: s.rule.partition,
+            fallback: s.rule.fallback,
+        }];
+        let coordinator =
+            matches!(strategy, Strategy::Proportional | Strategy::Meridian).then(|| {
+                let alpha = match strategy {
+                    // Doorman acts on the latest wants, unsmoothed.
+                    Strategy::Proportional => 1.0,
+                    _ => s.coordinator.config.ewma_alpha,
+                };
+                Coordinator {
+                    state: Allocations::default(),
+                    demand: DemandTracker::new(alpha),
+                    acks: AckTracker::default(),
+                    sent: s.regions.iter().map(|r| vec![None; r.pods]).collect(),
+                    latest: vec![None; s.regions.len()],
+                    last_roll: 0,
+                    last_full: 0,
+                    early_pending: false,
+                    transition_pending: false,
+                    inputs,
+                    policy,
+                }
+            });
+        let n = s.regions.len();
+        let mut engine = Engine {
+            strategy,
+            keys,
+            regions,
+            ideal: (strategy == Strategy::Ideal)
+                .then(|| Counters::new(s.rule.algorithm, s.traffic.customers)),
+            coordinator,
+            params: ParamsCache::new(&s.rule),
+            events: BTreeMap::new(),
+            seq: 0,
+            rng: StdRng::seed_from_u64(seed.wrapping_mul(31).wrapping_add(strategy as u64 + 1)),
+            acc: WindowAcc {
+                region_admitted: vec![0; n],
+                key0_alloc: vec![0; n],
+                ..Default::default()
+            },
+            bucket: HashMap::new(),
+            step_hits: HashMap::new(),
+            cut_tables: Vec::new(),
+            failed_before: vec![false; n],
+            partitioned_before: vec![false; n],
+            scenario,
+        };
+        engine.bootstrap();
+        engine
+    }
+
+    /// The system has been running before t = 0: every pod holds the first
+    /// epoch (the static split) and the coordinator knows it.
+    fn bootstrap(&mut self) {
+        let interval = self.scenario.coordinator.rebalance_interval_ms;
+        match self.strategy {
+            Strategy::Meridian => {
+                let Some(c) = self.coordinator.as_mut() else {
+                    return;
+                };
+                let round = Round {
+                    now_ms: abs(0),
+                    regions: &c.inputs,
+                    rules: &c.policy,
+                    demand: Some(&c.demand),
+                };
+                let next = rebalance(&c.state, &round, &self.scenario.coordinator.config);
+                let delta = c.state.diff(&next);
+                c.state.apply(&delta);
+                for (r, region) in self.regions.iter_mut().enumerate() {
+                    let name = &self.scenario.regions[r].name;
+                    if let Some(update) = region_update(&c.state, name, None) {
+                        for (p, pod) in region.pods.iter_mut().enumerate() {
+                            let _ = pod.table.apply(&update, abs(0), |_| None);
+                            c.acks.record(&pod.id, name, c.state.epoch, abs(0));
+                            c.sent[r][p] = Some(c.state.epoch);
+                        }
+                    }
+                }
+            }
+            Strategy::Proportional => {
+                let demand = vec![0.0; self.regions.len()];
+                self.publish_proportional(0, &demand, &[], true);
+            }
+            _ => return,
+        }
+        self.schedule(interval, Event::Round { roll: true });
+    }
+
+    fn schedule(&mut self, at: i64, event: Event) {
+        self.seq += 1;
+        self.events.insert((at, self.seq), event);
+    }
+
+    fn failed(&self, r: usize, t: i64) -> bool {
+        self.scenario.regions[r]
+            .failures
+            .iter()
+            .any(|f| f.contains(t))
+    }
+
+    fn coordinator_up(&self, t: i64) -> bool {
+        !self
+            .scenario
+            .coordinator
+            .outages
+            .iter()
+            .any(|o| o.contains(t))
+    }
+
+    /// Region `r` and the coordinator can talk at `t`.
+    fn link(&self, r: usize, t: i64) -> bool {
+        self.coordinator_up(t)
+            && !self.failed(r, t)
+            && !self.scenario.regions[r]
+                .partitions
+                .iter()
+                .any(|p| p.contains(t))
+    }
+
+    fn latency(&self, r: usize) -> i64 {
+        self.scenario.regions[r].latency_ms
+    }
+
+    /// Advances to `t` and serves the step's requests.
+    pub fn step(&mut self, t: i64, batches: &[Batch]) {
+        self.region_events(t);
+        while let Some(entry) = self.events.first_entry() {
+            if entry.key().0 > t {
+                break;
+            }
+            let ((at, _), event) = entry.remove_entry();
+            self.handle(at, event);
+        }
+        if self.coordinator.is_some() {
+            self.resync(t);
+            self.send_reports(t);
+        }
+        self.serve(t, batches);
+    }
+
+    /// Failures restart a region's pods (empty tables); available-mode cuts
+    /// remember what the region held when it went silent.
+    fn region_events(&mut self, t: i64) {
+        for r in 0..self.regions.len() {
+            let failed = self.failed(r, t);
+            if failed && !self.failed_before[r] {
+                for (p, pod) in self.regions[r].pods.iter_mut().enumerate() {
+                    pod.table = Table::default();
+                    pod.asked.clear();
+                    pod.topped.clear();
+                    if let Some(c) = self.coordinator.as_mut() {
+                        c.sent[r][p] = None;
+                    }
+                }
+            }
+            self.failed_before[r] = failed;
+            let cut = self.scenario.regions[r]
+                .partitions
+                .iter()
+                .find(|p| p.contains(t))
+                .copied();
+            if let Some(span) = cut
+                && !self.partitioned_before[r]
+                && self.scenario.rule.partition == Partition::Available
+            {
+                let tables = self.regions[r]
+                    .pods
+                    .iter()
+                    .map(|p| p.table.clone())
+                    .collect();
+                self.cut_tables.push((r, span.from_ms, span.to_ms, tables));
+            }
+            self.partitioned_before[r] = cut.is_some();
+        }
+    }
+
+    fn handle(&mut self, at: i64, event: Event) {
+        match event {
+            Event::Deliver {
+                region,
+                pod,
+                update,
+            } => {
+                if !self.link(region, at) {
+                    if let Some(c) = self.coordinator.as_mut() {
+                        c.sent[region][pod] = None;
+                    }
+                    return;
+                }
+                let window = (self.strategy == Strategy::Meridian && self.scenario.rule.windowed())
+                    .then_some(self.scenario.rule.period_ms as u64);
+                let table = &mut self.regions[region].pods[pod].table;
+                let _ = table.apply(&update, abs(at), |_| window);
+                let epoch = table.epoch();
+                let lat = self.latency(region);
+                self.schedule(at + lat, Event::Ack { region, pod, epoch });
+            }
+            Event::Ack { region, pod, epoch } => {
+                if !self.link(region, at) {
+                    return;
+                }
+                let id = self.regions[region].pods[pod].id.clone();
+                let Some(c) = self.coordinator.as_mut() else {
+                    return;
+                };
+                c.acks
+                    .record(&id, &self.scenario.regions[region].name, epoch, abs(at));
+                // Only while a shrink awaits its acknowledgement or a grow its
+                // capacity: an ack changes the lease's `acked`, so a round
+                // run on every ack would commit an epoch whose acks trigger
+                // the next, forever.
+                if self.strategy == Strategy::Meridian
+                    && !c.transition_pending
+                    && transition_pending(&c.state)
+                {
+                    c.transition_pending = true;
+                    self.schedule(at, Event::Transition);
+                }
+            }
+            Event::Report {
+                region,
+                pod,
+                keys,
+                remainder,
+                epoch,
+            } => {
+                if !self.link(region, at) {
+                    return;
+                }
+                let id = self.regions[region].pods[pod].id.clone();
+                let name = &self.scenario.regions[region].name;
+                let period = self.scenario.rule.period_ms as u64;
+                if let Some(c) = self.coordinator.as_mut() {
+                    c.demand.record(name, RULE, period, &keys, remainder);
+                    c.acks.record(&id, name, epoch, abs(at));
+                }
+            }
+            Event::TopUp {
+                region,
+                key,
+                per_period,
+            } => {
+                if !self.link(region, at) {
+                    return;
+                }
+                let name = &self.scenario.regions[region].name;
+                let period = self.scenario.rule.period_ms as u64;
+                let Some(c) = self.coordinator.as_mut() else {
+                    return;
+                };
+                c.demand
+                    .bump(name, RULE, period, &self.keys[key as usize], per_period);
+                if !c.early_pending {
+                    c.early_pending = true;
+                    // At most one out-of-cycle round per second.
+                    let when = at.max(c.last_full + 1000);
+                    self.schedule(when, Event::Round { roll: false });
+                }
+            }
+            Event::Round { roll } => {
+                if roll {
+                    let interval = self.scenario.coordinator.rebalance_interval_ms;
+                    self.schedule(at + interval, Event::Round { roll: true });
+                } else if let Some(c) = self.coordinator.as_mut() {
+                    c.early_pending = false;
+                }
+                if self.coordinator_up(at) {
+                    self.round(at, roll);
+                }
+            }
+            Event::Transition => {
+                if let Some(c) = self.coordinator.as_mut() {
+                    c.transition_pending = false;
+                }
+                if self.coordinator_up(at) {
+                    self.transition(at);
+                }
+            }
+        }
+    }
+
+    fn region_inputs(&mut self, now: i64) {
+        let window = 2 * self.scenario.coordinator.report_interval_ms + 1000;
+        let Some(c) = self.coordinator.as_mut() else {
+            return;
+        };
+        for input in c.inputs.iter_mut() {
+            let (acked, heard) = c.acks.region(&input.name, abs(now), window);
+            input.acked = acked;
+            input.last_heard_ms = heard;
+        }
+    }
+
+    fn round(&mut self, now: i64, roll: bool) {
+        self.region_inputs(now);
+        let Some(c) = self.coordinator.as_mut() else {
+            return;
+        };
+        if roll {
+            c.demand.roll((now - c.last_roll).max(1) as u64);
+            c.last_roll = now;
+        }
+        c.last_full = now;
+        match self.strategy {
+            Strategy::Meridian => {
+                let round = Round {
+                    now_ms: abs(now),
+                    regions: &c.inputs,
+                    rules: &c.policy,
+                    demand: Some(&c.demand),
+                };
+                let next = rebalance(&c.state, &round, &self.scenario.coordinator.config);
+                if !is_noop(&c.state, &next) {
+                    self.publish(now, next);
+                }
+            }
+            Strategy::Proportional => {
+                let names: Vec<&str> = c.inputs.iter().map(|r| r.name.as_str()).collect();
+                let mut totals = Vec::new();
+                c.demand.rule_totals(RULE, &names, &mut totals);
+                let mut keys: Vec<(String, Vec<f64>)> = Vec::new();
+                c.demand.for_each_key(RULE, &names, &mut |k, d| {
+                    keys.push((k.to_string(), d.to_vec()))
+                });
+                // The tracker iterates a hash map: sort so output is seeded only.
+                keys.sort_by(|a, b| a.0.cmp(&b.0));
+                self.publish_proportional(now, &totals, &keys, false);
+            }
+            _ => {}
+        }
+    }
+
+    fn transition(&mut self, now: i64) {
+        self.region_inputs(now);
+        let Some(c) = self.coordinator.as_ref() else {
+            return;
+        };
+        let round = Round {
+            now_ms: abs(now),
+            regions: &c.inputs,
+            rules: &c.policy,
+            demand: None,
+        };
+        let next = rebalance(&c.state, &round, &self.scenario.coordinator.config);
+        if !is_noop(&c.state, &next) {
+            self.publish(now, next);
+        }
+    }
+
+    /// Commits `next` and streams each pod its update.
+    fn publish(&mut self, now: i64, next: Allocations) {
+        let links: Vec<bool> = (0..self.regions.len()).map(|r| self.link(r, now)).collect();
+        let Some(c) = self.coordinator.as_mut() else {
+            return;
+        };
+        let prev = c.state.epoch;
+        let delta = c.state.diff(&next);
+        c.state.apply(&delta);
+        let mut out = Vec::new();
+        for (r, spec) in self.scenario.regions.iter().enumerate() {
+            if !links[r] {
+                continue;
+            }
+            let incremental = region_update(&c.state, &spec.name, Some(&delta)).map(Rc::new);
+            let mut snapshot = None;
+            for p in 0..spec.pods {
+                let update = if c.sent[r][p] == Some(prev) {
+                    incremental.clone()
+                } else {
+                    snapshot
+                        .get_or_insert_with(|| {
+                            region_update(&c.state, &spec.name, None).map(Rc::new)
+                        })
+                        .clone()
+                };
+                c.sent[r][p] = Some(c.state.epoch);
+                if let Some(update) = update {
+                    out.push((now + spec.latency_ms, r, p, update));
+                }
+            }
+        }
+        for (at, region, pod, update) in out {
+            self.schedule(
+                at,
+                Event::Deliver {
+                    region,
+                    pod,
+                    update,
+                },
+            );
+        }
+    }
+
+    /// Doorman-style: each region's share of `L` in proportion to its demand.
+    fn publish_proportional(
+        &mut self,
+        now: i64,
+        totals: &[f64],
+        keys: &[(String, Vec<f64>)],
+        instant: bool,
+    ) {
+        let s = self.scenario.clone();
+        let limit = s.rule.limit;
+        let weights: Vec<f64> = s.regions.iter().map(|r| r.weight).collect();
+        let split = proportional(limit, totals, &weights);
+        let entries: Vec<(&String, Vec<u64>)> = keys
+            .iter()
+            .map(|(k, d)| (k, proportional(limit, d, &weights)))
+            .collect();
+        let links: Vec<bool> = (0..self.regions.len()).map(|r| self.link(r, now)).collect();
+        let Some(c) = self.coordinator.as_mut() else {
+            return;
+        };
+        c.state.epoch += 1;
+        let epoch = c.state.epoch;
+        let mut out = Vec::new();
+        for (r, spec) in s.regions.iter().enumerate() {
+            let update = Rc::new(RegionUpdate {
+                epoch,
+                valid_until_ms: abs(now) + s.coordinator.config.lease_ms,
+                full: true,
+                rules: vec![RuleUpdate {
+                    rule: RULE.into(),
+                    limit,
+                    fallback: fallback_share(self.regions[r].static_share, s.rule.fallback),
+                    split: Some(split[r]),
+                    split_immediate: false,
+                    keys: entries
+                        .iter()
+                        .map(|(k, a)| ((*k).clone(), Some(a[r])))
+                        .collect(),
+                }],
+                removed_rules: Vec::new(),
+            });
+            c.latest[r] = Some(update.clone());
+            if instant {
+                for (p, pod) in self.regions[r].pods.iter_mut().enumerate() {
+                    let _ = pod.table.apply(&update, abs(now), |_| None);
+                    c.sent[r][p] = Some(epoch);
+                }
+                continue;
+            }
+            if !links[r] {
+                continue;
+            }
+            for p in 0..spec.pods {
+                c.sent[r][p] = Some(epoch);
+                out.push((now + spec.latency_ms, r, p, update.clone()));
+            }
+        }
+        for (at, region, pod, update) in out {
+            self.schedule(
+                at,
+                Event::Deliver {
+                    region,
+                    pod,
+                    update,
+                },
+            );
+        }
+    }
+
+    /// Pods whose stream broke get a snapshot once the link is back.
+    fn resync(&mut self, t: i64) {
+        let links: Vec<bool> = (0..self.regions.len()).map(|r| self.link(r, t)).collect();
+        let strategy = self.strategy;
+        let Some(c) = self.coordinator.as_mut() else {
+            return;
+        };
+        let mut out = Vec::new();
+        for (r, spec) in self.scenario.regions.iter().enumerate() {
+            if !links[r] {
+                continue;
+            }
+            for p in 0..spec.pods {
+                if c.sent[r][p] == Some(c.state.epoch) {
+                    continue;
+                }
+                let update = match strategy {
+                    Strategy::Meridian => region_update(&c.state, &spec.name, None).map(Rc::new),
+                    _ => c.latest[r].clone(),
+                };
+                c.sent[r][p] = Some(c.state.epoch);
+                if let Some(update) = update {
+                    out.push((t + spec.latency_ms, r, p, update));
+                }
+            }
+        }
+        for (at, region, pod, update) in out {
+            self.schedule(
+                at,
+                Event::Deliver {
+                    region,
+                    pod,
+                    update,
+                },
+            );
+        }
+    }
+
+    fn send_reports(&mut self, t: i64) {
+        let interval = self.scenario.coordinator.report_interval_ms;
+        let step = self.scenario.step_ms;
+        let loss = self.scenario.coordinator.report_loss;
+        let top_n = self.scenario.coordinator.top_n;
+        let mut out = Vec::new();
+        for r in 0..self.regions.len() {
+            if self.failed(r, t) {
+                continue;
+            }
+            let link = self.link(r, t);
+            let pods = self.regions[r].pods.len() as i64;
+            for p in 0..self.regions[r].pods.len() {
+                // Pods report out of phase with each other.
+                let offset = (p as i64 * interval / pods) / step * step;
+                if (t + offset) % interval != 0 {
+                    continue;
+                }
+                let pod = &mut self.regions[r].pods[p];
+                let keys: Vec<KeyDemand> = pod
+                    .asked
+                    .drain()
+                    .map(|(k, (asked, allowed))| KeyDemand {
+                        key: self.keys[k as usize].clone(),
+                        asked,
+                        allowed,
+                    })
+                    .collect();
+                let lost = self.rng.random::<f64>() < loss;
+                if !link || lost {
+                    continue;
+                }
+                let (keys, remainder, _) = bound_report(keys, top_n);
+                let epoch = pod.table.epoch();
+                out.push((
+                    t + self.scenario.regions[r].latency_ms,
+                    r,
+                    p,
+                    keys,
+                    remainder,
+                    epoch,
+                ));
+            }
+        }
+        for (at, region, pod, keys, remainder, epoch) in out {
+            self.schedule(
+                at,
+                Event::Report {
+                    region,
+                    pod,
+                    keys,
+                    remainder,
+                    epoch,
+                },
+            );
+        }
+    }
+
+    fn serve(&mut self, t: i64, batches: &[Batch]) {
+        let now_ms = abs(t);
+        let now_us = abs_us(t);
+        let s = self.scenario.clone();
+        let period = s.rule.period_ms;
+        let window = now_ms.div_euclid(period);
+        for (r, spec) in s.regions.iter().enumerate() {
+            let pods = spec.pods;
+            // Key 0's allocation here, for the plots.
+            let alloc0 = match self.strategy {
+                Strategy::Ideal => s.rule.limit,
+                Strategy::Static => self.regions[r].static_share,
+                _ if self.failed(r, t) => 0,
+                _ => self.regions[r].pods[0]
+                    .table
+                    .limit(RULE, &self.keys[0], now_ms)
+                    .unwrap_or(0),
+            };
+            self.acc.key0_alloc[r] = self.acc.key0_alloc[r].max(alloc0);
+            for &(key, n) in &batches[r] {
+                let n = u64::from(n);
+                let mut admitted = 0;
+                if let Some(ideal) = self.ideal.as_mut() {
+                    let params = self.params.get(s.rule.limit);
+                    admitted = ideal.admit(key, n, params, now_us).0;
+                    self.acc.rtt_ms += u128::from(n) * 2 * spec.latency_ms as u128;
+                } else {
+                    let mut split = [0u64; 64];
+                    if n >= pods as u64 {
+                        let base = n / pods as u64;
+                        let first = self.rng.random_range(0..pods);
+                        for (p, slot) in split.iter_mut().take(pods).enumerate() {
+                            let extra = ((p + pods - first) % pods) < (n % pods as u64) as usize;
+                            *slot = base + u64::from(extra);
+                        }
+                    } else {
+                        for _ in 0..n {
+                            split[self.rng.random_range(0..pods)] += 1;
+                        }
+                    }
+                    for (p, &k) in split.iter().take(pods).enumerate() {
+                        if k == 0 {
+                            continue;
+                        }
+                        let region = &mut self.regions[r];
+                        let limit = match self.strategy {
+                            Strategy::Static => region.static_share,
+                            _ => region.pods[p]
+                                .table
+                                .limit(RULE, &self.keys[key as usize], now_ms)
+                                .unwrap_or(0),
+                        };
+                        let (got, remaining) =
+                            region
+                                .counters
+                                .admit(key, k, self.params.get(limit), now_us);
+                        admitted += got;
+                        let pod = &mut region.pods[p];
+                        let e = pod.asked.entry(key).or_default();
+                        e.0 += k;
+                        e.1 += got;
+                        let used = limit.saturating_sub(remaining);
+                        if self.strategy == Strategy::Meridian
+                            && s.coordinator.top_up
+                            && limit > 0
+                            && used as f64 >= TOP_UP_AT * limit as f64
+                            && pod.topped.get(&key) != Some(&window)
+                        {
+                            pod.topped.insert(key, window);
+                            if self.link(r, t) {
+                                // The region's current rate, per period.
+                                let per_period = n as f64 * period as f64 / s.step_ms as f64;
+                                self.schedule(
+                                    t + spec.latency_ms,
+                                    Event::TopUp {
+                                        region: r,
+                                        key,
+                                        per_period,
+                                    },
+                                );
+                            }
+                        }
+                    }
+                }
+                if !s.rule.windowed() {
+                    *self.step_hits.entry(key).or_default() += admitted;
+                }
+                self.acc.checks += n;
+                self.acc.region_admitted[r] += admitted;
+                let e = self.acc.keys.entry(key).or_default();
+                e.0 += n;
+                e.1 += admitted;
+            }
+        }
+        if !s.rule.windowed() {
+            self.check_bucket(t);
+        }
+    }
+
+    /// What DESIGN §4 lets the world admit above `L` for `key` in the window
+    /// `[from, to)`: with `partition: available`, the allocation a cut-off
+    /// region held when it went silent, for at most one lease after.
+    pub fn allowance(&self, key: u32, from: i64, to: i64) -> u64 {
+        let c = &self.scenario.coordinator.config;
+        self.cut_tables
+            .iter()
+            .filter(|(_, start, _, _)| from < start + c.lease_ms + c.skew_margin_ms && to > *start)
+            .map(|(_, start, _, tables)| {
+                tables
+                    .iter()
+                    .filter_map(|t| t.limit(RULE, &self.keys[key as usize], abs(*start)))
+                    .max()
+                    .unwrap_or(0)
+            })
+            .sum()
+    }
+
+    /// Token bucket bound: world-wide admitted over any interval T is at most
+    /// `B + R·T`. Admissions happen at step instants, so for steps i < j the
+    /// hits admitted in steps i+1..=j span T = t_j − t_{i+1}.
+    fn check_bucket(&mut self, t: i64) {
+        let s = &self.scenario;
+        let rate = s.rule.limit as f64 / s.rule.period_ms as f64;
+        let burst = s.rule.burst.unwrap_or(s.rule.limit) as f64;
+        let step = s.step_ms as f64;
+        for (&key, &this) in &self.step_hits {
+            let (total, low) = self.bucket.entry(key).or_insert((0, f64::INFINITY));
+            // Every step the key was idle lowers total − R·t; the lowest of
+            // those is the one just before this step.
+            let before = *total as f64 - rate * (t as f64 - step);
+            *low = low.min(before);
+            *total += this;
+            let excess = (*total as f64 - rate * t as f64) - *low - (burst - rate * step);
+            if excess > 1e-6 && excess > self.acc.bucket_excess {
+                self.acc.bucket_excess = excess;
+            }
+        }
+        self.step_hits.clear();
+    }
+}
+
+/// Some slot is still moving: a shrink not yet acknowledged (`bound` above
+/// `granted`) or a grow not yet granted.
+fn transition_pending(state: &Allocations) -> bool {
+    let moving = |shares: &crate::allocation::Shares| {
+        shares
+            .values()
+            .any(|s| s.bound > s.granted || s.target > s.granted)
+    };
+    state
+        .rules
+        .values()
+        .any(|r| moving(&r.split) || r.keys.values().any(|k| moving(&k.shares)))
+}
+
+/// Doorman's proportional share, plus spare capacity by weight (so a region
+/// with no demand yet is not shut out for a whole interval).
+fn proportional(limit: u64, demand: &[f64], weights: &[f64]) -> Vec<u64> {
+    let total: f64 = demand.iter().sum();
+    let w: f64 = weights.iter().sum();
+    let l = limit as f64;
+    demand
+        .iter()
+        .zip(weights)
+        .map(|(d, wt)| {
+            let share = if total <= 0.0 {
+                l * wt / w
+            } else if total <= l {
+                d + (l - total) * wt / w
+            } else {
+                l * d / total
+            };
+            share.floor().max(0.0) as u64
+        })
+        .collect()
+}
