@@ -120,7 +120,14 @@ async fn allocations_follow_a_shift_and_the_world_stays_within_its_limit() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    tokio::time::sleep(Duration::from_secs(12)).await;
+    // Epochs keep coming while the split settles: how long each takes from
+    // the leader to a limiter.
+    let lags = common::global::propagation_ms(&world, 0, 4, Duration::from_secs(12)).await;
+    eprintln!("commit-to-limiter propagation (ms): {lags:?}");
+    assert!(!lags.is_empty(), "no epoch reached the limiter in 12 s");
+    for lag in &lags {
+        assert!(*lag < 1000, "an epoch took {lag} ms to reach the limiter");
+    }
     let settled = world.split(&fw).await;
     assert!(
         settled["hyderabad"] >= L / 2,

@@ -1,14 +1,13 @@
 //! Early top-up: with a long rebalance interval (30 s), a key whose traffic
 //! moves to a region holding a small share asks for an out-of-cycle
 //! rebalance once it used 90 % of its allocation; its share grows within
-//! seconds instead of waiting for the next epoch. Also measures how long an
-//! epoch takes from commit to the limiter (loopback).
+//! seconds instead of waiting for the next epoch.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use common::global::{Load, World, limiter_epoch, now_us};
+use common::global::{Load, World};
 
 const L: u64 = 200;
 
@@ -50,23 +49,6 @@ async fn a_key_that_runs_out_mid_window_gets_topped_up_before_the_next_epoch() {
     };
     eprintln!("before the move: {before:?}");
 
-    // Propagation: epochs from commit to the limiter, while we wait.
-    let mut lags = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(3);
-    let mut seen = limiter_epoch(&world.regions[0].limiter).await;
-    while Instant::now() < deadline && lags.len() < 3 {
-        let e = limiter_epoch(&world.regions[0].limiter).await;
-        if e > seen {
-            let at = now_us() / 1000;
-            let body = world.allocations("").await;
-            if body["epoch"].as_u64() == Some(e) {
-                lags.push(at.saturating_sub(body["at_unix_ms"].as_u64().unwrap_or(at)));
-            }
-            seen = e;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-
     // The traffic moves to hyderabad.
     load.set(&[0, 40]);
     let moved = Instant::now();
@@ -95,13 +77,7 @@ async fn a_key_that_runs_out_mid_window_gets_topped_up_before_the_next_epoch() {
         metrics.contains("meridian_allocation_top_ups_total"),
         "hyderabad's limiter counted no top-up request"
     );
-    // Propagation samples, if epochs were committed while we watched.
     let records = load.stop().await;
-    eprintln!(
-        "commit-to-limiter propagation (ms, from the epoch's timestamp): {lags:?}; {} checks",
-        records.len()
-    );
-    for lag in &lags {
-        assert!(*lag < 1000, "an epoch took {lag} ms to reach the limiter");
-    }
+    let topped = records.iter().filter(|r| r.region == 1 && r.allowed).count();
+    eprintln!("hyderabad admitted {topped} checks after the move");
 }

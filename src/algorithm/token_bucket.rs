@@ -34,8 +34,10 @@ pub fn decide(state: &mut State, now: Micros, cost: u64, params: &Params) -> Out
         None => (capacity, now_tick),
         Some(l) => {
             let tick = now_tick.max(l.tick);
-            // Refilling the missing tokens is draining them.
-            let missing = drain(capacity - l.tokens, tick - l.tick, refill);
+            // Refilling the missing tokens is draining them. A level above
+            // the capacity (the limit shrank: a new global allocation) is
+            // read as a full bucket.
+            let missing = drain(capacity.saturating_sub(l.tokens), tick - l.tick, refill);
             (capacity - missing, tick)
         }
     };

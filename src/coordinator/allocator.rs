@@ -155,6 +155,17 @@ impl Allocator {
         if !applied.registry.regions.contains_key(&report.region) {
             inbox.unknown_regions.insert(report.region.clone());
         }
+        // A region heard without a valid lease (new, or back from a
+        // partition) gets one in the next round, not the next scheduled one.
+        let leased = applied
+            .registry
+            .allocations
+            .regions
+            .get(&report.region)
+            .is_some_and(|l| l.valid_until_ms > now);
+        if !leased {
+            inbox.regions_changed = true;
+        }
         let before = inbox
             .acks
             .region(&report.region, now, self.config.rebalancer.lease_ms)
@@ -183,7 +194,7 @@ impl Allocator {
                 .demand
                 .record(&report.region, &rd.rule, period, &keys, rd.remainder_asked);
         }
-        let mut wake = after > before;
+        let mut wake = after > before || !leased;
         for t in &report.top_ups {
             let Some(period) = inbox.policies.period_ms.get(&t.rule).copied() else {
                 continue;

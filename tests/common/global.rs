@@ -190,6 +190,30 @@ pub async fn limiter_epoch(limiter: &LimiterProcess) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
+/// Commit-to-limiter times (ms) of the next `n` epochs region `region`
+/// applies within `within`: when its /metrics first shows the epoch, minus
+/// the epoch's timestamp (set by the leader before proposing, so Raft's
+/// commit is included).
+pub async fn propagation_ms(world: &World, region: usize, n: usize, within: Duration) -> Vec<u64> {
+    let limiter = &world.regions[region].limiter;
+    let mut lags = Vec::new();
+    let deadline = Instant::now() + within;
+    let mut seen = limiter_epoch(limiter).await;
+    while Instant::now() < deadline && lags.len() < n {
+        let e = limiter_epoch(limiter).await;
+        if e > seen {
+            let at_ms = now_us() / 1000;
+            let body = world.allocations("").await;
+            if body["epoch"].as_u64() == Some(e) {
+                lags.push(at_ms.saturating_sub(body["at_unix_ms"].as_u64().unwrap_or(at_ms)));
+            }
+            seen = e;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    lags
+}
+
 pub fn granted(shares: &Value) -> BTreeMap<String, u64> {
     shares
         .as_object()
