@@ -78,6 +78,9 @@ async fn a_key_that_runs_out_mid_window_gets_topped_up_before_the_next_epoch() {
         "hyderabad's limiter counted no top-up request"
     );
     let records = load.stop().await;
-    let topped = records.iter().filter(|r| r.region == 1 && r.allowed).count();
+    let topped = records
+        .iter()
+        .filter(|r| r.region == 1 && r.allowed)
+        .count();
     eprintln!("hyderabad admitted {topped} checks after the move");
 }
