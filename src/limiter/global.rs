@@ -25,6 +25,9 @@ use crate::rules::{Rule, RuleSet, Scope};
 
 /// Keys per rule in one report; the rest is summed into a remainder.
 pub const REPORT_TOP_KEYS: usize = 1_000;
+/// Distinct keys per rule counted between two reports; further keys only
+/// add to the rule's remainder, so a flood of random keys cannot grow memory.
+pub const MAX_TRACKED_KEYS: usize = 100_000;
 /// A key asks for a top-up at most this often.
 const TOP_UP_EVERY: Duration = Duration::from_secs(1);
 
@@ -51,11 +54,19 @@ pub struct Global {
 
 #[derive(Default)]
 struct Demand {
-    /// (rule, key) → (asked, allowed) since the last report.
-    hits: HashMap<(String, String), (u64, u64)>,
+    /// rule → hits since the last report.
+    hits: HashMap<String, RuleHits>,
     since: Option<Instant>,
     top_ups: Vec<pb::TopUp>,
     last_top_up: HashMap<(String, String), Instant>,
+}
+
+#[derive(Default)]
+struct RuleHits {
+    /// key → (asked, allowed).
+    keys: HashMap<String, (u64, u64)>,
+    /// Keys beyond `MAX_TRACKED_KEYS`, summed.
+    rest: (u64, u64),
 }
 
 fn now_ms() -> Millis {
@@ -147,17 +158,30 @@ impl Global {
         if demand.since.is_none() {
             demand.since = Some(Instant::now());
         }
-        let id = (rule.id.clone(), key.to_string());
-        let hits = demand.hits.entry(id.clone()).or_insert((0, 0));
+        // Looked up by reference: a known key costs no allocation.
+        if !demand.hits.contains_key(rule.id.as_str()) {
+            demand.hits.insert(rule.id.clone(), RuleHits::default());
+        }
+        let Some(rule_hits) = demand.hits.get_mut(rule.id.as_str()) else {
+            return;
+        };
+        if rule_hits.keys.len() < MAX_TRACKED_KEYS && !rule_hits.keys.contains_key(key) {
+            rule_hits.keys.insert(key.to_string(), (0, 0));
+        }
+        let hits = match rule_hits.keys.get_mut(key) {
+            Some(h) => h,
+            None => &mut rule_hits.rest,
+        };
         hits.0 += cost;
         if allowed {
             hits.1 += cost;
         }
+        let asked = *hits;
         let used = limit.saturating_sub(remaining);
         if limit == 0 || (used as f64) < TOP_UP_AT * limit as f64 {
             return;
         }
-        let asked = *hits;
+        let id = (rule.id.clone(), key.to_string());
         let due = demand
             .last_top_up
             .get(&id)
@@ -245,17 +269,23 @@ impl Global {
             .since
             .replace(Instant::now())
             .map_or(0, |t| t.elapsed().as_millis() as u64);
-        let mut by_rule: HashMap<String, Vec<KeyDemand>> = HashMap::new();
-        for ((rule, key), (asked, allowed)) in demand.hits.drain() {
-            by_rule.entry(rule).or_default().push(KeyDemand {
-                key,
-                asked,
-                allowed,
-            });
-        }
+        let hits = std::mem::take(&mut demand.hits);
         drop(demand);
-        for (rule, keys) in by_rule {
+        for (rule, rule_hits) in hits {
+            let keys = rule_hits
+                .keys
+                .into_iter()
+                .map(|(key, (asked, allowed))| KeyDemand {
+                    key,
+                    asked,
+                    allowed,
+                })
+                .collect();
             let (top, rest_asked, rest_allowed) = bound_report(keys, REPORT_TOP_KEYS);
+            let (rest_asked, rest_allowed) = (
+                rest_asked + rule_hits.rest.0,
+                rest_allowed + rule_hits.rest.1,
+            );
             report.rules.push(pb::RuleDemand {
                 rule,
                 keys: top
@@ -329,5 +359,59 @@ impl Global {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::RuleFile;
+
+    fn global_rule() -> Arc<Rule> {
+        let text = "domain: d\ndescriptors:\n  - key: k\n    scope: global\n    rate_limit:\n      unit: minute\n      requests_per_unit: 10\n";
+        let set = RuleSet::parse(&[RuleFile {
+            name: "r.yaml".into(),
+            text: text.into(),
+        }])
+        .expect("valid rules");
+        set.rules().next().expect("one rule").clone()
+    }
+
+    #[test]
+    fn demand_stays_bounded_under_a_flood_of_keys_and_nothing_is_lost() {
+        let global = Global::new("r", "pod", true);
+        let rule = global_rule();
+        let n = MAX_TRACKED_KEYS + 500;
+        for i in 0..n {
+            global.record(&rule, &format!("k{i}"), 1, i % 2 == 0, 10, 9);
+        }
+        assert_eq!(global.demand().hits[&rule.id].keys.len(), MAX_TRACKED_KEYS);
+        let report = global.take_report(true);
+        let rd = &report.rules[0];
+        assert_eq!(rd.keys.len(), REPORT_TOP_KEYS);
+        let asked: u64 = rd.keys.iter().map(|k| k.asked).sum::<u64>() + rd.remainder_asked;
+        let allowed: u64 = rd.keys.iter().map(|k| k.allowed).sum::<u64>() + rd.remainder_allowed;
+        assert_eq!((asked, allowed), (n as u64, n.div_ceil(2) as u64));
+        assert!(
+            global.take_report(true).rules.is_empty(),
+            "a report drains the counts"
+        );
+    }
+
+    #[test]
+    fn a_rule_that_is_not_global_or_not_coordinated_is_not_counted() {
+        let rule = global_rule();
+        let uncoordinated = Global::uncoordinated();
+        uncoordinated.record(&rule, "k", 1, true, 10, 9);
+        assert!(uncoordinated.take_report(true).rules.is_empty());
+        assert!(matches!(
+            uncoordinated.limit(&rule, "k"),
+            Ok(GlobalLimit::Rule)
+        ));
+        let coordinated = Global::new("r", "pod", true);
+        assert!(
+            matches!(coordinated.limit(&rule, "k"), Ok(GlobalLimit::Nothing)),
+            "no allocation received yet: nothing is admitted"
+        );
     }
 }
