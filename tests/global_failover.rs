@@ -7,31 +7,15 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::global::{Load, World, admitted_per_window, now_us, summarize};
+use common::global::{Load, World, admitted_per_window, fixed_window_rule, now_us, summarize};
 
 const L: u64 = 200;
 const PERIOD: Duration = Duration::from_secs(4);
 const RULE: &str = "api|fw";
 
-fn rules() -> String {
-    format!(
-        "domain: api
-descriptors:
-  - key: fw
-    scope: global
-    fail_mode: closed
-    algorithm: fixed_window
-    period: 4s
-    rate_limit:
-      name: fw
-      requests_per_unit: {L}
-"
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_the_leader_keeps_allocations_enforced_and_demand_continues() {
-    let mut world = World::start(&rules(), &["mumbai", "hyderabad"]).await;
+    let mut world = World::start(&fixed_window_rule(L), &["mumbai", "hyderabad"]).await;
     let load = Load::start(&world, "api", "fw", "acme", &[60, 15]);
     world.wait_allocated(RULE, Duration::from_secs(20)).await;
     let started = Instant::now();

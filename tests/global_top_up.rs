@@ -7,29 +7,18 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::global::{Load, World};
+use common::global::{Load, World, fixed_window_rule};
 
 const L: u64 = 200;
 
-fn rules() -> String {
-    format!(
-        "domain: api
-descriptors:
-  - key: fw
-    scope: global
-    fail_mode: closed
-    algorithm: fixed_window
-    period: 4s
-    rate_limit:
-      name: fw
-      requests_per_unit: {L}
-"
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_key_that_runs_out_mid_window_gets_topped_up_before_the_next_epoch() {
-    let world = World::start_with(&rules(), &["mumbai", "hyderabad"], &["30s", "90s", "30s"]).await;
+    let world = World::start_with(
+        &fixed_window_rule(L),
+        &["mumbai", "hyderabad"],
+        &["30s", "90s", "30s"],
+    )
+    .await;
     let load = Load::start(&world, "api", "fw", "acme", &[40, 0]);
     world
         .wait_allocated("api|fw", Duration::from_secs(20))

@@ -27,6 +27,26 @@ fn regions(
         .collect()
 }
 
+/// Runs a round and commits its delta, as the coordinator's leader does.
+fn commit(
+    state: &mut Allocations,
+    now_ms: Millis,
+    regions: &[RegionInput],
+    rules: &[RulePolicy],
+    demand: Option<&DemandTracker>,
+    config: &Config,
+) {
+    let round = Round {
+        now_ms,
+        regions,
+        rules,
+        demand,
+    };
+    let next = rebalance(state, &round, config);
+    let delta = state.diff(&next);
+    state.apply(&delta);
+}
+
 fn policy(limit: u64, partition: Partition) -> Vec<RulePolicy> {
     vec![RulePolicy {
         rule: "r".into(),
@@ -169,25 +189,11 @@ fn allocations_follow_a_shift_in_demand() {
         t.roll(60_000);
         let acked = [Some(state.epoch), Some(state.epoch)];
         let rs = regions(2, &status, &[Some(now), Some(now)], &acked);
-        let round = Round {
-            now_ms: now,
-            regions: &rs,
-            rules: &rules,
-            demand: Some(&t),
-        };
-        let next = rebalance(&state, &round, &config);
-        state.apply(&state.diff(&next));
+        commit(&mut state, now, &rs, &rules, Some(&t), &config);
         // The acks of the epoch just committed arrive: a transition round.
         let acked = [Some(state.epoch), Some(state.epoch)];
         let rs = regions(2, &status, &[Some(now), Some(now)], &acked);
-        let round = Round {
-            now_ms: now + 10,
-            regions: &rs,
-            rules: &rules,
-            demand: None,
-        };
-        let next = rebalance(&state, &round, &config);
-        state.apply(&state.diff(&next));
+        commit(&mut state, now + 10, &rs, &rules, None, &config);
         now += 60_000;
     }
     let split = &state.rules["r"].split;
@@ -225,14 +231,7 @@ fn a_silent_region_keeps_its_share_until_its_lease_lapses_then_its_fallback() {
             Some(state.epoch),
         ];
         let rs = regions(2, &status, &[Some(a_heard), Some(now)], &acked);
-        let round = Round {
-            now_ms: now,
-            regions: &rs,
-            rules: &rules,
-            demand: Some(&t),
-        };
-        let next = rebalance(&state, &round, &config);
-        state.apply(&state.diff(&next));
+        commit(&mut state, now, &rs, &rules, Some(&t), &config);
         let a = state.rules["r"].split["a"];
         let lease = state.regions["a"].valid_until_ms;
         if now <= lease + config.skew_margin_ms {
@@ -271,14 +270,7 @@ fn a_hot_key_with_its_own_mix_gets_an_entry() {
         t.roll(60_000);
         let acked = [Some(state.epoch), Some(state.epoch)];
         let rs = regions(2, &status, &[Some(now), Some(now)], &acked);
-        let round = Round {
-            now_ms: now,
-            regions: &rs,
-            rules: &rules,
-            demand: Some(&t),
-        };
-        let next = rebalance(&state, &round, &config);
-        state.apply(&state.diff(&next));
+        commit(&mut state, now, &rs, &rules, Some(&t), &config);
         now += 60_000;
     }
     let rule = &state.rules["r"];
@@ -554,12 +546,10 @@ proptest! {
             tracker.roll(1_000);
             let acked = [Some(state.epoch); 3];
             let rs = regions(3, &status, &[Some(now); 3], &acked);
-            let next = rebalance(&state, &Round { now_ms: now, regions: &rs, rules: &rules, demand: Some(&tracker) }, &config);
-            state.apply(&state.diff(&next));
+            commit(&mut state, now, &rs, &rules, Some(&tracker), &config);
             let acked = [Some(state.epoch); 3];
             let rs = regions(3, &status, &[Some(now); 3], &acked);
-            let next = rebalance(&state, &Round { now_ms: now + 1, regions: &rs, rules: &rules, demand: None }, &config);
-            state.apply(&state.diff(&next));
+            commit(&mut state, now + 1, &rs, &rules, None, &config);
         }
         let rs = regions(3, &status, &[Some(0); 3], &[None; 3]);
         let statics = static_shares(limit, &rs);

@@ -12,12 +12,13 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
 use tokio::sync::Notify;
 use tonic::Status;
 
+use super::api::now_unix_ms;
 use super::node::{Node, Write};
 use super::raft::storage::Applied;
 use super::state::{Command, RegionState, Registry, Stage};
@@ -74,12 +75,6 @@ struct Policies {
     version: Option<u64>,
     rules: Vec<RulePolicy>,
     period_ms: HashMap<String, u64>,
-}
-
-fn now_ms() -> Millis {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as Millis)
 }
 
 impl Allocator {
@@ -148,7 +143,7 @@ impl Allocator {
     }
 
     fn ingest(&self, report: &pb::DemandReport) {
-        let now = now_ms();
+        let now = now_unix_ms();
         let applied = self.node.applied.borrow().clone();
         let mut inbox = self.lock();
         refresh_policies(&mut inbox.policies, &applied.registry);
@@ -241,7 +236,7 @@ impl Allocator {
     async fn round(&self, scheduled: bool) -> Result<(), String> {
         let applied: Arc<Applied> = self.node.applied.borrow().clone();
         let term = self.node.raft.metrics().borrow().current_term;
-        let now = now_ms();
+        let now = now_unix_ms();
         let started = Instant::now();
         let cfg = &self.config.rebalancer;
         let (next, unknown) = {

@@ -157,7 +157,7 @@ async fn method_not_allowed(uri: Uri) -> ApiError {
     )
 }
 
-fn now_unix_ms() -> i64 {
+pub(super) fn now_unix_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
@@ -827,12 +827,6 @@ fn shares_json(shares: &crate::allocation::Shares) -> Value {
     json!(regions)
 }
 
-fn unix_ms_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 /// `GET /api/v1/allocations[?rule=R[&key=K]][&history=N]`: every global
 /// rule's split; one rule with its key entries; or one key's allocation per
 /// region with demand, leases and the epochs that changed it.
@@ -857,7 +851,7 @@ async fn get_allocations(
     };
     let applied = api.node.applied.borrow().clone();
     let state = &applied.registry.allocations;
-    let now = unix_ms_now();
+    let now = now_unix_ms();
     let leases: BTreeMap<&String, Value> = state
         .regions
         .iter()
@@ -980,7 +974,7 @@ async fn get_leases(State(api): State<Api>, uri: Uri, headers: HeaderMap) -> Res
     };
     let applied = api.node.applied.borrow().clone();
     let state = &applied.registry.allocations;
-    let now = unix_ms_now();
+    let now = now_unix_ms();
     let pods = api.allocator.pods();
     let regions: Vec<Value> = applied
         .registry

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge};
 use tokio::sync::Notify;
@@ -61,18 +61,17 @@ struct Demand {
     last_top_up: HashMap<(String, String), Instant>,
 }
 
+/// Unix milliseconds, from the clock the store's embedded path uses.
+fn now_ms() -> Millis {
+    (crate::store::system_now() / 1000) as Millis
+}
+
 #[derive(Default)]
 struct RuleHits {
     /// key → (asked, allowed).
     keys: HashMap<String, (u64, u64)>,
     /// Keys beyond `MAX_TRACKED_KEYS`, summed.
     rest: (u64, u64),
-}
-
-fn now_ms() -> Millis {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as Millis)
 }
 
 fn windowed(algorithm: Algorithm) -> bool {

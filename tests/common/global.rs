@@ -38,6 +38,24 @@ pub struct World {
     pub regions: Vec<Region>,
 }
 
+/// Domain `api`, one global fixed-window rule `fw` of `limit` per 4 s,
+/// failing closed (so a store error cannot admit outside the bound).
+pub fn fixed_window_rule(limit: u64) -> String {
+    format!(
+        "domain: api
+descriptors:
+  - key: fw
+    scope: global
+    fail_mode: closed
+    algorithm: fixed_window
+    period: 4s
+    rate_limit:
+      name: fw
+      requests_per_unit: {limit}
+"
+    )
+}
+
 pub fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
