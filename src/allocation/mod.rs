@@ -39,6 +39,30 @@ pub type Millis = i64;
 /// fraction of its allocation in the current window.
 pub const TOP_UP_AT: f64 = 0.9;
 
+/// A top-up raises a key's demand only when the region's pace is at least
+/// this multiple of the smoothed demand (see [`demand::DemandTracker::bump`]).
+pub const TOP_UP_JUMP: f64 = 1.25;
+
+/// Scheduled rounds end this long before a multiple of the rebalance
+/// interval in Unix time (see [`next_round_at`]).
+pub const ROUND_LEAD_MS: i64 = 5_000;
+
+/// When the next scheduled round runs: the first instant after `now_ms`
+/// that lies `lead_ms` (at most half the interval) before a multiple of
+/// `interval_ms` in Unix time.
+///
+/// Windows are aligned to the clock, and a grow waits for the next window
+/// boundary (shrink before grow): a round that ends just before the
+/// boundary — with time for the shrink to be acknowledged — has what it
+/// moves enforced within `lead_ms`, where a round just after the boundary
+/// would wait a whole window (the simulated shift lost most of a window that
+/// way).
+pub fn next_round_at(now_ms: Millis, interval_ms: i64, lead_ms: i64) -> Millis {
+    let interval = interval_ms.max(1);
+    let lead = lead_ms.clamp(0, interval / 2);
+    ((now_ms + lead).div_euclid(interval) + 1) * interval - lead
+}
+
 /// How many epochs [`Allocations::history`] keeps.
 pub const HISTORY_EPOCHS: usize = 100;
 /// Changed slots one history record keeps at most.

@@ -9,9 +9,11 @@
 //! 2. lapsed regions (strict: lease expired plus the skew margin; available:
 //!    silent longer than `suspect_after`) are capped at their fallback share,
 //!    which stays reserved;
-//! 3. targets (full rounds only): smoothed demand plus headroom →
-//!    weighted max-min water-filling over the capacity left, above per-region
-//!    floors; draining regions keep their floor, failed ones get nothing new;
+//! 3. targets (full rounds only): above per-region floors, smoothed demand
+//!    first, then headroom, each divided over the capacity left — everything
+//!    asked when it fits, else in proportion to weight × claim (the split an
+//!    exact global counter makes; see [`targets`]); what is left goes by
+//!    weight; draining regions keep their floor, failed ones get nothing new;
 //!    hysteresis ignores small moves; `max_shift` optionally caps a move.
 //!    The rule-level split follows the aggregate regional mix; the top keys
 //!    whose own mix differs get entries;
@@ -502,9 +504,11 @@ fn targets_static(view: &RegionsView<'_>, out: &mut Vec<u64>) {
 }
 
 /// Targets from demand (hits per period, per region): reserved capacity of
-/// lapsed regions first, then floors, then weighted max-min water-filling of
-/// the rest over active regions' demand plus headroom; what demand leaves
-/// over goes to active regions by weight.
+/// lapsed regions first, then floors, then active regions' demand, then
+/// their headroom — each claim in full when the capacity left covers it,
+/// else in proportion to weight × claim; what is left over goes to active
+/// regions by weight. (DESIGN §4 names weighted max-min here; proportional
+/// division of a scarce claim lost ~10× less capacity in the simulator.)
 fn targets(
     limit: u64,
     demand: &[f64],
@@ -549,6 +553,21 @@ fn targets(
         for i in (0..n).filter(|&i| growing(i)) {
             want.push((demand[i] * (1.0 + headroom) - out[i] as f64).max(0.0));
             weights.push(view.regions[i].weight.max(1e-9));
+        }
+        if want.iter().sum::<f64>() > left as f64 {
+            // Scarce: every region gets the same fraction of its (weighted)
+            // claim — for demand, the share an exact global counter gives
+            // each region when arrivals are spread over the window. Max-min
+            // would fill the lighter regions up to their claim exactly, and
+            // a window in which one asks a little less than its average
+            // then leaves capacity unused that a throttled region wanted
+            // (the simulator measured ~1 % of L lost in steady state that
+            // way, against ~0.1 % for proportional share).
+            let weighted: f64 = want.iter().zip(&weights).map(|(x, w)| x * w).sum();
+            let scale = left as f64 / weighted;
+            for (x, w) in want.iter_mut().zip(&weights) {
+                *x *= w * scale;
+            }
         }
         water_fill_into(left, &want, &weights, &mut given, fill);
         for (k, i) in (0..n).filter(|&i| growing(i)).enumerate() {

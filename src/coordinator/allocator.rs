@@ -40,6 +40,8 @@ const ACK_DEBOUNCE: Duration = Duration::from_millis(20);
 #[derive(Debug, Clone)]
 pub struct AllocatorConfig {
     pub rebalance_interval: Duration,
+    /// Scheduled rounds end this long before a multiple of the interval.
+    pub round_lead: Duration,
     pub rebalancer: allocation::Config,
 }
 
@@ -194,13 +196,19 @@ impl Allocator {
             let Some(period) = inbox.policies.period_ms.get(&t.rule).copied() else {
                 continue;
             };
-            if t.per_period.is_finite() && t.per_period >= 0.0 {
-                inbox
-                    .demand
-                    .bump(&report.region, &t.rule, period, &t.key, t.per_period);
+            if !(t.per_period.is_finite() && t.per_period >= 0.0) {
+                continue;
+            }
+            counter!("meridian_coordinator_top_ups_total").increment(1);
+            let recent = self.config.rebalancer.suspect_after_ms;
+            let pods = inbox.acks.live_pods(&report.region, now, recent);
+            let pace = t.per_period * pods as f64;
+            if inbox
+                .demand
+                .bump(&report.region, &t.rule, period, &t.key, pace)
+            {
                 inbox.top_up = true;
                 wake = true;
-                counter!("meridian_coordinator_top_ups_total").increment(1);
             }
         }
         counter!("meridian_coordinator_reports_total").increment(1);
@@ -212,11 +220,16 @@ impl Allocator {
 
     /// The leader's loop; runs on every node, acts only while leading.
     pub async fn run(self: Arc<Self>) {
-        let mut tick = tokio::time::interval(self.config.rebalance_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let interval_ms = self.config.rebalance_interval.as_millis() as i64;
+        let lead_ms = self.config.round_lead.as_millis() as i64;
+        let mut due = allocation::next_round_at(now_unix_ms(), interval_ms, lead_ms);
         loop {
+            let wait = Duration::from_millis((due - now_unix_ms()).max(0) as u64);
             let scheduled = tokio::select! {
-                _ = tick.tick() => true,
+                () = tokio::time::sleep(wait) => {
+                    due = allocation::next_round_at(now_unix_ms(), interval_ms, lead_ms);
+                    true
+                }
                 () = self.wake.notified() => {
                     tokio::time::sleep(ACK_DEBOUNCE).await;
                     false

@@ -87,6 +87,13 @@ pub struct CoordinatorArgs {
     /// the limiters' --report-interval.
     #[arg(long, default_value = "60s", value_parser = crate::rules::parse_duration)]
     pub rebalance_interval: Duration,
+    /// Scheduled rounds run this long before each multiple of
+    /// --rebalance-interval in Unix time — before minute windows turn over,
+    /// for a 60s interval — so capacity moved by a round is enforced at the
+    /// window boundary instead of a window later. At most half the
+    /// interval; by default 5s, or a quarter of a shorter interval.
+    #[arg(long, value_parser = crate::rules::parse_duration)]
+    pub round_lead: Option<Duration>,
     /// How long an allocation stays valid without renewal; a region cut off
     /// from every coordinator falls to its rules' fallback share after it.
     #[arg(long, default_value = "180s", value_parser = crate::rules::parse_duration)]
@@ -155,8 +162,20 @@ impl CoordinatorArgs {
             Some(v) => Some(fraction("max-shift", v)?),
             None => None,
         };
+        let round_lead = match self.round_lead {
+            Some(lead) if lead > self.rebalance_interval / 2 => {
+                return Err(format!(
+                    "--round-lead {lead:?}: at most half of --rebalance-interval {:?}",
+                    self.rebalance_interval
+                ));
+            }
+            Some(lead) => lead,
+            None => Duration::from_millis(crate::allocation::ROUND_LEAD_MS as u64)
+                .min(self.rebalance_interval / 4),
+        };
         Ok(allocator::AllocatorConfig {
             rebalance_interval: self.rebalance_interval,
+            round_lead,
             rebalancer: crate::allocation::Config {
                 lease_ms: self.lease.as_millis() as i64,
                 suspect_after_ms: self.suspect_after.as_millis() as i64,

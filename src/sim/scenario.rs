@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::algorithm::{Algorithm, Params};
-use crate::allocation::Config;
+use crate::allocation::{Config, ROUND_LEAD_MS};
 use crate::rules::Partition;
 
 /// A scenario file that cannot be used.
@@ -78,6 +78,8 @@ impl RuleSpec {
 #[derive(Debug, Clone)]
 pub struct CoordinatorSpec {
     pub rebalance_interval_ms: i64,
+    /// Scheduled rounds end this long before a multiple of the interval.
+    pub round_lead_ms: i64,
     pub report_interval_ms: i64,
     /// Probability that one pod report is lost on the way.
     pub report_loss: f64,
@@ -225,6 +227,7 @@ struct RawRule {
 #[serde(deny_unknown_fields)]
 struct RawCoordinator {
     rebalance_interval_s: Option<i64>,
+    round_lead_ms: Option<i64>,
     report_interval_s: Option<i64>,
     report_loss: Option<f64>,
     top_n: Option<usize>,
@@ -519,12 +522,22 @@ impl RawScenario {
         for (i, s) in k.outages.iter().enumerate() {
             outages.push(c.span(*s, self.duration_s, &format!("coordinator.outages[{i}]"))?);
         }
+        let rebalance_interval_ms = c.seconds(
+            k.rebalance_interval_s,
+            60,
+            "coordinator.rebalance_interval_s",
+        )?;
         let coordinator = CoordinatorSpec {
-            rebalance_interval_ms: c.seconds(
-                k.rebalance_interval_s,
-                60,
-                "coordinator.rebalance_interval_s",
-            )?,
+            rebalance_interval_ms,
+            round_lead_ms: {
+                let v = k.round_lead_ms.unwrap_or(ROUND_LEAD_MS);
+                c.ensure(
+                    v >= 0 && v <= rebalance_interval_ms / 2,
+                    "coordinator.round_lead_ms",
+                    format!("{v}: must be between 0 and half of rebalance_interval_s"),
+                )?;
+                v
+            },
             report_interval_ms: c.seconds(
                 k.report_interval_s,
                 10,

@@ -19,7 +19,7 @@ use crate::allocation::rebalance::{Round, is_noop, rebalance};
 use crate::allocation::table::{RegionUpdate, RuleUpdate, Table, region_update};
 use crate::allocation::{
     Allocations, Epoch, Millis, RegionInput, RegionStatus, RulePolicy, TOP_UP_AT, fallback_share,
-    static_shares,
+    next_round_at, static_shares,
 };
 use crate::rules::Partition;
 
@@ -45,7 +45,7 @@ pub enum Strategy {
     /// `L × its demand / total demand` (spare capacity by weight), applied
     /// as soon as it arrives — no shrink-before-grow, no window boundary.
     Proportional,
-    /// The real rebalancer: EWMA, max-min water-filling, shrink before grow,
+    /// The real rebalancer: EWMA, floors/demand/headroom division, shrink before grow,
     /// window-boundary switching, leases, early top-up.
     Meridian,
 }
@@ -105,6 +105,8 @@ struct Pod {
     table: Table,
     /// Hits asked and allowed per key since the last report.
     asked: HashMap<u32, (u64, u64)>,
+    /// When the last report was cut (relative ms), for a top-up's pace.
+    since: i64,
     /// The window in which a key last asked for a top-up (one per window).
     topped: HashMap<u32, i64>,
 }
@@ -212,6 +214,7 @@ impl Engine {
                         table: Table::default(),
                         asked: HashMap::new(),
                         topped: HashMap::new(),
+                        since: 0,
                     })
                     .collect(),
                 static_share: *share,
@@ -307,7 +310,10 @@ impl Engine {
             }
             _ => return,
         }
-        self.schedule(interval, Event::Round { roll: true });
+        // Scheduled rounds end just before window boundaries, as the
+        // coordinator's do.
+        let first = next_round_at(abs(0), interval, self.scenario.coordinator.round_lead_ms);
+        self.schedule(first - abs(0), Event::Round { roll: true });
     }
 
     fn schedule(&mut self, at: i64, event: Event) {
@@ -472,8 +478,15 @@ impl Engine {
                 let Some(c) = self.coordinator.as_mut() else {
                     return;
                 };
-                c.demand
-                    .bump(name, RULE, period, &self.keys[key as usize], per_period);
+                let recent = self.scenario.coordinator.config.suspect_after_ms;
+                let pods = c.acks.live_pods(name, abs(at), recent);
+                let pace = per_period * pods as f64;
+                if !c
+                    .demand
+                    .bump(name, RULE, period, &self.keys[key as usize], pace)
+                {
+                    return;
+                }
                 if !c.early_pending {
                     c.early_pending = true;
                     // At most one out-of-cycle round per second.
@@ -741,6 +754,7 @@ impl Engine {
                     continue;
                 }
                 let pod = &mut self.regions[r].pods[p];
+                pod.since = t;
                 let keys: Vec<KeyDemand> = pod
                     .asked
                     .drain()
@@ -841,6 +855,8 @@ impl Engine {
                         let e = pod.asked.entry(key).or_default();
                         e.0 += k;
                         e.1 += got;
+                        let pod_asked = e.0;
+                        let since = pod.since;
                         let used = limit.saturating_sub(remaining);
                         if self.strategy == Strategy::Meridian
                             && s.coordinator.top_up
@@ -850,8 +866,10 @@ impl Engine {
                         {
                             pod.topped.insert(key, window);
                             if self.link(r, t) {
-                                // The region's current rate, per period.
-                                let per_period = n as f64 * period as f64 / s.step_ms as f64;
+                                // The pod's pace since its last report, per
+                                // period, as the limiter measures it.
+                                let elapsed = (t - since + s.step_ms).max(1);
+                                let per_period = pod_asked as f64 * period as f64 / elapsed as f64;
                                 self.schedule(
                                     t + spec.latency_ms,
                                     Event::TopUp {
