@@ -907,6 +907,9 @@ async fn get_allocations(
         .with("global_rules", json!(known))
         .into_response();
     };
+    // A key without an entry of its own is served by the rule's split: its
+    // history is the split's.
+    let served_by = query.key.clone().filter(|k| rule.keys.contains_key(k));
     let history: Vec<Value> = state
         .history
         .iter()
@@ -915,7 +918,7 @@ async fn get_allocations(
             let changes: Vec<Value> = record
                 .changes
                 .iter()
-                .filter(|(r, k, _, _)| *r == rule_id && *k == query.key)
+                .filter(|(r, k, _, _)| *r == rule_id && *k == served_by)
                 .map(|(_, _, region, granted)| json!({ "region": region, "granted": granted }))
                 .collect();
             (!changes.is_empty()).then(
