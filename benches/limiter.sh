@@ -8,10 +8,14 @@
 # ceiling). Prints the README's "Performance" table. Starts its own servers on
 # free ports and stops them.
 #
-# Usage: benches/limiter.sh [duration=10s]
+# Usage: benches/limiter.sh [duration=10s] [limiter flags...]
+# MERIDIAN=path/to/meridian measures that binary (say, a saved build of the
+# previous commit) as the limiter instead of building this tree's; the load
+# generator is always this tree's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${1:-10s}
+shift || true
 scripts=src/store/redis/scripts
 
 for bin in redis-server redis-cli redis-benchmark python3; do
@@ -19,6 +23,7 @@ for bin in redis-server redis-cli redis-benchmark python3; do
 done
 cargo build --release --quiet --bin meridian
 meridian=target/release/meridian
+limiter_bin=${MERIDIAN:-$meridian}
 
 dir=$(mktemp -d)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -48,8 +53,8 @@ descriptors:
     rate_limit: {name: sliding, unit: minute, requests_per_unit: 1000000}
 YAML
 
-RUST_LOG=meridian=warn "$meridian" limiter --config "$dir/rules.yaml" --redis "$redis" \
-  --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 > "$dir/limiter.out" 2> "$dir/limiter.err" &
+RUST_LOG=meridian=warn "$limiter_bin" limiter --config "$dir/rules.yaml" --redis "$redis" \
+  --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 "$@" > "$dir/limiter.out" 2> "$dir/limiter.err" &
 limiter_pid=$!
 until grep -q 'grpc=' "$dir/limiter.out" 2>/dev/null; do
   kill -0 "$limiter_pid" 2>/dev/null || { cat "$dir/limiter.err" >&2; exit 1; }
@@ -80,7 +85,7 @@ ceiling() { # script-file → checks/s
   local sha
   sha=$(cat "$scripts/prelude.lua" "$scripts/$1.lua" "$scripts/epilogue.lua" | redis-cli -p "$port" -x script load)
   redis-benchmark -p "$port" -n 300000 -P 32 -c 8 -r 10000 -q \
-    EVALSHA "$sha" 1 "mr:{ceiling:__rand_int__}" "" 1 1000000 60000000 1 1 1 0 1000000 2>/dev/null \
+    EVALSHA "$sha" 1 "mr:{ceiling:__rand_int__}" "" 1000000 60000000 1 1 1 0 1000000 1 2>/dev/null \
     | tr '\r' '\n' | awk '/requests per second/ {for (i=1;i<=NF;i++) if ($(i+1)=="requests") print $i}' | tail -1
 }
 fixed_ceiling=$(ceiling fixed_window)

@@ -20,15 +20,16 @@ redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$d
 trap 'kill "$(cat "$dir/redis.pid")" 2>/dev/null; rm -rf "$dir"' EXIT
 until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
 
-# ARGV as RedisStore sends it (see scripts/prelude.lua): "" = use the server clock,
-# cost 1, limit 1,000,000 per 60 s (the log: 100,000), then tick, unit, refill,
-# capacity and TTL floor as Params computes them for those limits.
+# ARGV as RedisStore sends it for one check (see scripts/prelude.lua): "" = use
+# the server clock, limit 1,000,000 per 60 s (the log: 100,000), then tick, unit,
+# refill, capacity and TTL floor as Params computes them for those limits, then
+# the check's cost, 1.
 declare -A argv=(
-  [fixed_window]='"" 1 1000000 60000000 1 1 1 0 1000000'
-  [sliding_log]='"" 1 100000 60000000 1 1 1 0 1000000'
-  [sliding_counter]='"" 1 1000000 60000000 1 1 1 0 1000000'
-  [token_bucket]='"" 1 1000000 60000000 1 60 1 60000000 1000000'
-  [leaky_bucket]='"" 1 1000000 60000000 1 60 1 60000000 1000000'
+  [fixed_window]='"" 1000000 60000000 1 1 1 0 1000000 1'
+  [sliding_log]='"" 100000 60000000 1 1 1 0 1000000 1'
+  [sliding_counter]='"" 1000000 60000000 1 1 1 0 1000000 1'
+  [token_bucket]='"" 1000000 60000000 1 60 1 60000000 1000000 1'
+  [leaky_bucket]='"" 1000000 60000000 1 60 1 60000000 1000000 1'
 )
 
 rate() { # prints requests per second of one redis-benchmark command

@@ -43,7 +43,10 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let name = match cli.command {
-        Command::Limiter(args) => return run(meridian::limiter::cli::run(args)),
+        Command::Limiter(args) => {
+            let threads = args.threads.map(std::num::NonZeroUsize::get);
+            return run_on(threads, meridian::limiter::cli::run(args));
+        }
         Command::Coordinator(args) => return meridian::coordinator::main(args),
         Command::Ctl => "ctl",
         Command::Demo(args) => return run(meridian::demo::run(args)),
@@ -60,8 +63,27 @@ fn main() -> std::process::ExitCode {
 /// Runs a service command on a multi-threaded runtime with logs set up; an
 /// error is printed with its causes and exits 1.
 fn run(command: impl std::future::Future<Output = anyhow::Result<()>>) -> std::process::ExitCode {
+    run_on(None, command)
+}
+
+/// [`run`] on `threads` worker threads (default: one per core); 1 runs every
+/// task on the main thread (tokio's current-thread runtime).
+fn run_on(
+    threads: Option<usize>,
+    command: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> std::process::ExitCode {
     meridian::telemetry::init_logs("meridian=info");
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match threads {
+        Some(1) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Some(n) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+        None => tokio::runtime::Runtime::new(),
+    };
+    let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -509,3 +509,47 @@ async fn concurrent_checks_share_script_calls_and_decide_as_if_alone() {
         "300 concurrent checks took {calls} script calls"
     );
 }
+
+#[tokio::test]
+async fn fixed_window_denials_leave_the_counter_and_its_ttl_as_they_were() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let l = limit("undo", Algorithm::FixedWindow, 3, Duration::from_secs(60));
+    for _ in 0..3 {
+        assert!(store.check(&l, "k", 1, None).await.expect("check").allowed);
+    }
+    // The script counts first and takes a denied hit back: the count stays
+    // at what was admitted and the window keeps its expiry.
+    for cost in [1, 2, 3] {
+        let d = store.check(&l, "k", cost, None).await.expect("check");
+        assert!(!d.allowed && d.remaining == 0, "cost {cost}: {d:?}");
+    }
+    let mut conn = server.connection();
+    let keys: Vec<String> = conn.keys("mr:{undo:k}:fw:*").expect("KEYS");
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let count: u64 = conn.get(&keys[0]).expect("GET");
+    let ttl_ms: i64 = conn.pttl(&keys[0]).expect("PTTL");
+    assert_eq!(count, 3);
+    assert!(ttl_ms > 0 && ttl_ms <= 60_000, "PTTL {ttl_ms}");
+}
+
+#[tokio::test]
+async fn checks_one_at_a_time_each_send_their_own_call() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let l = limit(
+        "alone",
+        Algorithm::SlidingWindowCounter,
+        5,
+        Duration::from_secs(60),
+    );
+    let before = evalsha_calls(&server);
+    let mut allowed = 0;
+    for _ in 0..8 {
+        allowed += usize::from(store.check(&l, "k", 1, None).await.expect("check").allowed);
+    }
+    // Nothing else in flight: each check goes straight out, still one
+    // script call (and one atomic decision) each.
+    assert_eq!(evalsha_calls(&server) - before, 8);
+    assert_eq!(allowed, 5);
+}

@@ -115,6 +115,12 @@ pub struct LimiterArgs {
     /// Keys the local over-limit cache holds at most.
     #[arg(long, default_value_t = 100_000)]
     pub cache_capacity: usize,
+
+    /// Worker threads [default: one per core]. 1 runs every task on one
+    /// thread, with no wake-ups across threads: the least CPU per check
+    /// when the limiter shares its cores, at most one core of throughput.
+    #[arg(long)]
+    pub threads: Option<std::num::NonZeroUsize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -28,16 +28,13 @@ impl rls::rate_limit_service_server::RateLimitService for RlsService {
         request: Request<rls::RateLimitRequest>,
     ) -> Result<Response<rls::RateLimitResponse>, Status> {
         let req = request.into_inner();
+        // The request is ours: its strings move into the descriptors, not copied.
         let descriptors = req
             .descriptors
-            .iter()
+            .into_iter()
             .map(|d| Descriptor {
-                entries: d
-                    .entries
-                    .iter()
-                    .map(|e| (e.key.clone(), e.value.clone()))
-                    .collect(),
-                limit: d.limit.as_ref().and_then(|l| {
+                entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+                limit: d.limit.and_then(|l| {
                     let unit = RateLimitUnit::try_from(l.unit)
                         .ok()
                         .and_then(unit_from_envoy)?;

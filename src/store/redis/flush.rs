@@ -63,7 +63,13 @@ impl RedisStore {
     /// round trip, within the store's deadline. Either all are applied or,
     /// on error, none is known to be (the caller keeps and retries them).
     pub async fn apply_deltas(&self, deltas: &[&Delta]) -> Result<Flushed, StoreError> {
-        let mut invocation = self.flush.prepare_invoke();
+        let mut cmd = redis::Cmd::with_capacity(3 + 10 * deltas.len(), 128 + 128 * deltas.len());
+        cmd.arg("EVALSHA")
+            .arg(self.flush.get_hash())
+            .arg(deltas.len());
+        for d in deltas {
+            cmd.arg(&d.prefix);
+        }
         for d in deltas {
             let p = &d.params;
             let scale = p.scale();
@@ -77,9 +83,7 @@ impl RedisStore {
                     )));
                 }
             };
-            invocation
-                .key(&d.prefix)
-                .arg(tag)
+            cmd.arg(tag)
                 .arg(d.window)
                 .arg(d.hits)
                 .arg(p.period_us())
@@ -89,7 +93,7 @@ impl RedisStore {
                 .arg(scale.capacity)
                 .arg(p.ttl_floor_us());
         }
-        flushed_from_reply(deltas, &self.invoke(&invocation).await?)
+        flushed_from_reply(deltas, &self.invoke(&self.flush, &cmd).await?)
     }
 }
 

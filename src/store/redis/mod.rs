@@ -5,16 +5,17 @@
 //! connection that reconnects by itself); Cluster uses the cluster client,
 //! which keeps one multiplexed connection per node and follows MOVED/ASK.
 //! Scripts go out as EVALSHA; on NOSCRIPT (a restarted or failed-over Redis)
-//! the `redis` crate loads the script and retries once. Checks that arrive
+//! the script is loaded and the call retried once. Checks that arrive
 //! together share one script call (`coalesce`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{RedisError, Script};
-use tokio::sync::{mpsc, oneshot};
+use redis::{Cmd, RedisError, Script};
+use tokio::sync::oneshot;
 
 mod coalesce;
 mod flush;
@@ -84,7 +85,7 @@ pub struct RedisStore {
     deadline: Duration,
     /// Where checks queue to share script calls; `None` in the coalescing
     /// task's own copy, which sends them.
-    coalescer: Option<mpsc::UnboundedSender<coalesce::Queued>>,
+    coalescer: Option<Arc<coalesce::Coalescer>>,
 }
 
 /// Clones are cheap handles onto the same multiplexed connection(s).
@@ -141,7 +142,7 @@ impl RedisStore {
             coalescer: None,
         };
         store.preload(config.connect_timeout).await;
-        store.coalescer = Some(coalesce::start(store.clone()));
+        store.coalescer = Some(Arc::new(coalesce::Coalescer::start(store.clone())));
         Ok(store)
     }
 
@@ -235,13 +236,10 @@ impl RedisStore {
     ) -> Result<Decision, StoreError> {
         let params = &limit.params;
         let scale = params.scale();
-        let (reply, decision) = oneshot::channel();
-        let queued = coalesce::Queued {
+        let call = coalesce::CallKey {
             algorithm: params.algorithm(),
-            prefix: key::key_prefix(&limit.rule, key)?,
             now,
-            args: [
-                cost,
+            limit: [
                 params.limit(),
                 params.period_us(),
                 params.tick_us(),
@@ -250,14 +248,26 @@ impl RedisStore {
                 scale.capacity,
                 params.ttl_floor_us(),
             ],
-            reply,
         };
+        let prefix = key::key_prefix(&limit.rule, key)?;
         let Some(coalescer) = &self.coalescer else {
             return Err(StoreError::Reply(
                 "the coalescing task's store cannot queue checks".into(),
             ));
         };
-        if coalescer.send(queued).is_err() {
+        if let Some(on_the_wire) = coalescer.direct() {
+            let reply = self.call_script(call, &[(prefix.as_str(), cost)]).await;
+            drop(on_the_wire);
+            return decision_from_reply(&reply?);
+        }
+        let (reply, decision) = oneshot::channel();
+        let queued = coalesce::Queued {
+            call,
+            prefix,
+            cost,
+            reply,
+        };
+        if !coalescer.queue(queued) {
             return Err(stopped());
         }
         // The call itself is bounded by the same deadline; this one also
@@ -269,22 +279,65 @@ impl RedisStore {
         }
     }
 
-    /// Runs a prepared script on the node that owns its first key, within the
-    /// deadline, with errors classified.
-    pub(crate) async fn invoke(
+    /// One call of `call`'s script deciding `checks` (key prefix, cost) in
+    /// order; six integers a check (see `scripts/prelude.lua`).
+    async fn call_script(
         &self,
-        invocation: &redis::ScriptInvocation<'_>,
+        call: coalesce::CallKey,
+        checks: &[(&str, u64)],
     ) -> Result<Vec<i64>, StoreError> {
+        let script = self.script(call.algorithm);
+        // Built here rather than through `redis::ScriptInvocation`, which
+        // allocates a buffer for every key and argument and then copies them
+        // all into the command.
+        let mut cmd = Cmd::with_capacity(11 + 2 * checks.len(), 128 + 64 * checks.len());
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(checks.len());
+        for (prefix, _) in checks {
+            cmd.arg(*prefix);
+        }
+        match call.now {
+            Some(now) => cmd.arg(now),
+            None => cmd.arg(""),
+        };
+        cmd.arg(&call.limit[..]);
+        for (_, cost) in checks {
+            cmd.arg(*cost);
+        }
+        self.invoke(script, &cmd).await
+    }
+
+    /// Sends an EVALSHA of `script` to the node that owns its first key,
+    /// within the deadline, with errors classified. A Redis that lost its
+    /// scripts (restart, failover) answers NOSCRIPT: load it and retry once.
+    pub(crate) async fn invoke(&self, script: &Script, cmd: &Cmd) -> Result<Vec<i64>, StoreError> {
         let call = async {
-            match self.connection.clone() {
-                Connection::Standalone(mut c) => invocation.invoke_async(&mut c).await,
-                Connection::Cluster(mut c) => invocation.invoke_async(&mut c).await,
+            let first = self.query(cmd).await;
+            match first {
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    // The same load the `redis` crate's own script calls do
+                    // (on a Cluster it reaches every primary).
+                    match self.connection.clone() {
+                        Connection::Standalone(mut c) => script.load_async(&mut c).await?,
+                        Connection::Cluster(mut c) => script.load_async(&mut c).await?,
+                    };
+                    self.query(cmd).await
+                }
+                other => other,
             }
         };
         tokio::time::timeout(self.deadline, call)
             .await
             .map_err(|_| StoreError::Timeout(self.deadline))?
             .map_err(|e| classify(e, self.deadline))
+    }
+
+    async fn query(&self, cmd: &Cmd) -> Result<Vec<i64>, RedisError> {
+        match self.connection.clone() {
+            Connection::Standalone(mut c) => cmd.query_async(&mut c).await,
+            Connection::Cluster(mut c) => cmd.query_async(&mut c).await,
+        }
     }
 }
 

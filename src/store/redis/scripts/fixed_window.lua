@@ -1,18 +1,30 @@
 -- fixed_window: one counter per clock-aligned window (src/algorithm/fixed_window.rs).
+-- INCRBY first and undo on a denial: an allowed check (the common case) is one
+-- command instead of a GET and an INCRBY.
 local window = math.floor(now / period)
 local key = prefix .. ':fw:' .. int(window)
-local count = tonumber(redis.call('GET', key) or '0')
 local reset = (window + 1) * period - now
-local allowed, retry = 0, reset
-if count + cost <= limit then
-  -- cost 0 is a check-only peek: nothing to write.
-  if cost > 0 then
-    count = redis.call('INCRBY', key, int(cost))
-    -- First hit of the window (also when the approximate path's INCRBY created it).
-    if count == cost then
-      expire(key, reset)
-    end
+if cost == 0 then
+  -- A check-only peek: nothing to write.
+  local count = tonumber(redis.call('GET', key) or '0')
+  if count <= limit then
+    return 1, limit, limit - count, reset, 0, 0
   end
-  allowed, retry = 1, 0
+  return 0, limit, 0, reset, reset, 0
 end
-return {allowed, limit, math.max(0, limit - count), reset, retry, 0}
+local count = redis.call('INCRBY', key, int(cost))
+if count <= limit then
+  -- First hit of the window (also when the approximate path's INCRBY created it).
+  if count == cost then
+    expire(key, reset)
+  end
+  return 1, limit, limit - count, reset, 0, 0
+end
+if count == cost then
+  -- This INCRBY created the key (a cost above the limit): leave nothing behind
+  -- without a TTL.
+  redis.call('DEL', key)
+else
+  redis.call('DECRBY', key, int(cost))
+end
+return 0, limit, math.max(0, limit - (count - cost)), reset, reset, 0

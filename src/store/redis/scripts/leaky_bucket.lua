@@ -28,4 +28,4 @@ if allowed == 1 then
   redis.call('HSET', key, 'b', int(after), 'k', int(tick))
   expire(key, reset)
 end
-return {allowed, limit, math.floor((capacity - level) / unit), reset, retry, delay}
+return allowed, limit, math.floor((capacity - level) / unit), reset, retry, delay

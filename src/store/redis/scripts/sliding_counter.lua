@@ -41,4 +41,4 @@ local used = count
 if allowed == 1 then
   used = count + cost
 end
-return {allowed, limit, math.max(0, limit - used), reset, retry, 0}
+return allowed, limit, math.max(0, limit - used), reset, retry, 0

@@ -40,4 +40,4 @@ if allowed == 1 and cost > 0 then
   expire(key, reset)
   expire(seq_key, reset)
 end
-return {allowed, limit, math.max(0, limit - count), reset, retry, 0}
+return allowed, limit, math.max(0, limit - count), reset, retry, 0

@@ -27,4 +27,4 @@ if allowed == 1 then
   redis.call('HSET', key, 't', int(tokens), 'k', int(tick))
   expire(key, reset)
 end
-return {allowed, limit, math.floor(tokens / unit), reset, retry, 0}
+return allowed, limit, math.floor(tokens / unit), reset, retry, 0
