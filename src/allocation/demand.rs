@@ -59,6 +59,73 @@ struct Sample {
     ewma: f64,
     pending: f64,
     seen: bool,
+    /// [`DemandTracker::follow_steps`] set `ewma` this interval: the roll
+    /// keeps it.
+    stepped: bool,
+}
+
+/// A region's pace for a key or rule, measured by one pod: `pod_per_period`
+/// hits per rule period over `interval_ms`, in a region of `pods` pods that
+/// share its traffic.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pace {
+    pub pod_per_period: f64,
+    /// 0: unknown, no noise test.
+    pub interval_ms: u64,
+    pub pods: usize,
+}
+
+/// How many standard deviations of Poisson noise a pace must stand from the
+/// average before it moves demand out of cycle.
+const NOISE_SIGMAS: f64 = 3.0;
+
+impl Pace {
+    /// `hits` asked at one pod over `interval_ms`.
+    pub fn of_report(hits: u64, interval_ms: u64, period_ms: u64, pods: usize) -> Pace {
+        Pace {
+            pod_per_period: hits as f64 * period_ms as f64 / interval_ms.max(1) as f64,
+            interval_ms,
+            pods,
+        }
+    }
+
+    /// The region's hits per period.
+    pub fn per_period(&self) -> f64 {
+        self.pod_per_period * self.pods.max(1) as f64
+    }
+
+    /// Whether the pod's count differs from what `average` (the region's,
+    /// per period) predicts by more than Poisson noise.
+    fn beyond_noise(&self, average: f64, period_ms: u64) -> bool {
+        if self.interval_ms == 0 {
+            return true;
+        }
+        let span = self.interval_ms as f64 / period_ms.max(1) as f64;
+        let observed = self.pod_per_period * span;
+        let expected = average / self.pods.max(1) as f64 * span;
+        (observed - expected).abs() >= NOISE_SIGMAS * expected.max(1.0).sqrt()
+    }
+
+    /// At least twice or at most half `average`, beyond noise.
+    fn is_step_from(&self, average: f64, period_ms: u64) -> bool {
+        let rate = self.per_period();
+        (rate >= 2.0 * average || rate * 2.0 <= average) && self.beyond_noise(average, period_ms)
+    }
+}
+
+/// A key's `[ewma; R]` then `[pending; R]`, with room for region `r`.
+fn key_slots<'a>(
+    keys: &'a mut HashMap<Box<str>, Box<[f32]>>,
+    key: &str,
+    r: usize,
+) -> &'a mut [f32] {
+    let slots = keys
+        .entry(key.into())
+        .or_insert_with(|| vec![0.0; 2 * (r + 1)].into_boxed_slice());
+    if slots.len() < 2 * (r + 1) {
+        *slots = widen(slots, r + 1);
+    }
+    slots
 }
 
 impl DemandTracker {
@@ -97,13 +164,7 @@ impl DemandTracker {
         let total: u64 = keys.iter().map(|k| k.asked).sum::<u64>() + remainder_asked;
         entry.total[r].pending += total as f64;
         for k in keys {
-            let slots = entry
-                .keys
-                .entry(k.key.as_str().into())
-                .or_insert_with(|| vec![0.0; 2 * (r + 1)].into_boxed_slice());
-            if slots.len() < 2 * (r + 1) {
-                *slots = widen(slots, r + 1);
-            }
+            let slots = key_slots(&mut entry.keys, &k.key, r);
             let half = slots.len() / 2;
             slots[half + r] += k.asked as f32;
         }
@@ -118,20 +179,25 @@ impl DemandTracker {
             let per_period = rule.period_ms as f64 / elapsed;
             for s in &mut rule.total {
                 let rate = s.pending * per_period;
-                s.ewma = if s.seen {
-                    smooth(alpha, rate, s.ewma)
-                } else {
-                    rate
+                s.ewma = match (s.seen, s.stepped) {
+                    (_, true) => s.ewma,
+                    (true, false) => smooth(alpha, rate, s.ewma),
+                    (false, false) => rate,
                 };
                 s.seen = true;
+                s.stepped = false;
                 s.pending = 0.0;
             }
             rule.keys.retain(|_, slots| {
                 let half = slots.len() / 2;
                 let mut alive = false;
                 for i in 0..half {
-                    let rate = slots[half + i] as f64 * per_period;
-                    let e = smooth(alpha, rate, slots[i] as f64);
+                    let pending = slots[half + i] as f64;
+                    let e = if pending.is_nan() {
+                        slots[i] as f64
+                    } else {
+                        smooth(alpha, pending * per_period, slots[i] as f64)
+                    };
                     slots[i] = e as f32;
                     slots[half + i] = 0.0;
                     alive |= e >= 0.5;
@@ -141,24 +207,24 @@ impl DemandTracker {
         }
     }
 
-    /// Early top-up: a region reports mid-window that `key` runs at
-    /// `per_period` hits per period (the region's pace: a pod's pace times
-    /// [`AckTracker::live_pods`]). If that is clearly above the key's
-    /// smoothed demand there ([`TOP_UP_JUMP`]), the demand (and the rule's)
-    /// is raised to it at once, so the next round — run out of cycle — acts
-    /// on it instead of waiting for the EWMA. Returns whether it raised.
+    /// Early top-up: a region reports mid-window that `key` runs at `pace`.
+    /// If that is clearly above the key's smoothed demand there — by
+    /// [`TOP_UP_JUMP`] and by more than Poisson noise — the demand (and the
+    /// rule's) is raised to it at once, so the next round — run out of cycle —
+    /// acts on it instead of waiting for the EWMA. Returns whether it raised.
     ///
     /// A pace is a noisy sample, and every contended key asks for top-ups
     /// each window: raising to any sample above the average would ratchet
     /// demand up to the noisiest sample and hand capacity to regions that do
-    /// not use it (the simulator measured ~2 % of L lost that way).
+    /// not use it (the simulator measured ~2 % of L lost that way, and ~0.5 %
+    /// more from short samples before the noise test).
     pub fn bump(
         &mut self,
         region: &str,
         rule: &str,
         period_ms: u64,
         key: &str,
-        per_period: f64,
+        pace: Pace,
     ) -> bool {
         let r = self.region_index(region);
         let entry = self.rules.entry(rule.to_string()).or_default();
@@ -166,23 +232,85 @@ impl DemandTracker {
         if entry.total.len() <= r {
             entry.total.resize(r + 1, Sample::default());
         }
-        let slots = entry
-            .keys
-            .entry(key.into())
-            .or_insert_with(|| vec![0.0; 2 * (r + 1)].into_boxed_slice());
-        if slots.len() < 2 * (r + 1) {
-            *slots = widen(slots, r + 1);
-        }
+        let slots = key_slots(&mut entry.keys, key, r);
         let current = slots[r] as f64;
-        if per_period <= current * TOP_UP_JUMP {
+        let rate = pace.per_period();
+        if rate <= current * TOP_UP_JUMP || !pace.beyond_noise(current, entry.period_ms) {
             return false;
         }
-        let raise = per_period - current;
+        let raise = rate - current;
         slots[r] += raise as f32;
         let total = &mut entry.total[r];
         total.ewma += raise;
         total.seen = true;
         true
+    }
+
+    /// Follows a step change seen in one pod's report at once, instead of at
+    /// the next roll: where the region's pace (the pod's times `pods`) for
+    /// the rule, or for a key already tracked, is at least twice or at most
+    /// half its smoothed demand, by more than Poisson noise, the demand is
+    /// set to that pace and the sample this interval collects is dropped at
+    /// the roll (it mixes the rates before and after the step). Returns
+    /// whether anything stepped, so the caller can run a round out of cycle.
+    ///
+    /// A shift then reaches the round before the next window boundary with
+    /// both regions' new demand; the simulator lost most of two windows per
+    /// shift waiting for the roll and the EWMA.
+    #[allow(clippy::too_many_arguments)]
+    pub fn follow_steps(
+        &mut self,
+        region: &str,
+        rule: &str,
+        period_ms: u64,
+        keys: &[KeyDemand],
+        remainder_asked: u64,
+        interval_ms: u64,
+        pods: usize,
+    ) -> bool {
+        if interval_ms == 0 {
+            return false;
+        }
+        let r = self.region_index(region);
+        let Some(entry) = self.rules.get_mut(rule) else {
+            return false;
+        };
+        let period = period_ms.max(1);
+        let pace = |hits: u64| Pace::of_report(hits, interval_ms, period, pods);
+        let mut stepped = false;
+        if let Some(total) = entry.total.get_mut(r).filter(|s| s.seen) {
+            let hits = keys.iter().map(|k| k.asked).sum::<u64>() + remainder_asked;
+            let p = pace(hits);
+            // After a step, later reports keep refining it: the first to
+            // see a step straddles it and understates it.
+            let moved = p.is_step_from(total.ewma, period)
+                || total.stepped && p.beyond_noise(total.ewma, period);
+            if moved {
+                total.ewma = p.per_period();
+                total.stepped = true;
+                stepped = true;
+            }
+        }
+        for k in keys {
+            let Some(slots) = entry.keys.get_mut(k.key.as_str()) else {
+                continue;
+            };
+            let half = slots.len() / 2;
+            if r >= half || slots[r] <= 0.0 {
+                continue;
+            }
+            let p = pace(k.asked);
+            let (average, refining) = (slots[r] as f64, slots[half + r].is_nan());
+            let moved =
+                p.is_step_from(average, period) || refining && p.beyond_noise(average, period);
+            if moved {
+                slots[r] = p.per_period() as f32;
+                // NaN marks the sample as dropped; hits added later keep it NaN.
+                slots[half + r] = f32::NAN;
+                stepped = true;
+            }
+        }
+        stepped
     }
 
     /// Forgets rules that are no longer global.
@@ -201,22 +329,15 @@ impl DemandTracker {
                 }
                 entry.total[r] = Sample {
                     ewma: *d,
-                    pending: 0.0,
                     seen: true,
+                    ..Sample::default()
                 };
             }
             for (key, entry) in &rule.keys {
                 for (region, d) in &entry.demand {
                     let r = self.region_index(region);
                     let rd = self.rules.entry(id.clone()).or_default();
-                    let slots = rd
-                        .keys
-                        .entry(key.as_str().into())
-                        .or_insert_with(|| vec![0.0; 2 * (r + 1)].into_boxed_slice());
-                    if slots.len() < 2 * (r + 1) {
-                        *slots = widen(slots, r + 1);
-                    }
-                    slots[r] = *d as f32;
+                    key_slots(&mut rd.keys, key, r)[r] = *d as f32;
                 }
             }
         }

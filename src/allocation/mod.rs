@@ -114,7 +114,7 @@ impl Default for Config {
             ewma_alpha: 0.5,
             headroom: 0.1,
             floor: 0.1,
-            hysteresis: 0.02,
+            hysteresis: 0.01,
             max_shift: None,
             max_key_entries: 1_000,
         }

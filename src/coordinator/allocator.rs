@@ -22,7 +22,7 @@ use super::api::now_unix_ms;
 use super::node::{Node, Write};
 use super::raft::storage::Applied;
 use super::state::{Command, RegionState, Registry, Stage};
-use crate::allocation::demand::{AckTracker, DemandTracker, KeyDemand};
+use crate::allocation::demand::{AckTracker, DemandTracker, KeyDemand, Pace};
 use crate::allocation::rebalance::{Round, is_noop, rebalance};
 use crate::allocation::{self, Millis, RegionInput, RegionStatus, RulePolicy};
 use crate::proto::meridian::v1 as pb;
@@ -174,6 +174,8 @@ impl Allocator {
             .acks
             .region(&report.region, now, self.config.rebalancer.lease_ms)
             .0;
+        let recent = self.config.rebalancer.suspect_after_ms;
+        let mut wake = after > before || !leased;
         for rd in &report.rules {
             let Some(period) = inbox.policies.period_ms.get(&rd.rule).copied() else {
                 continue;
@@ -190,8 +192,21 @@ impl Allocator {
             inbox
                 .demand
                 .record(&report.region, &rd.rule, period, &keys, rd.remainder_asked);
+            let pods = inbox.acks.live_pods(&report.region, now, recent);
+            if inbox.demand.follow_steps(
+                &report.region,
+                &rd.rule,
+                period,
+                &keys,
+                rd.remainder_asked,
+                report.interval_ms,
+                pods,
+            ) {
+                counter!("meridian_coordinator_demand_steps_total").increment(1);
+                inbox.top_up = true;
+                wake = true;
+            }
         }
-        let mut wake = after > before || !leased;
         for t in &report.top_ups {
             let Some(period) = inbox.policies.period_ms.get(&t.rule).copied() else {
                 continue;
@@ -200,9 +215,11 @@ impl Allocator {
                 continue;
             }
             counter!("meridian_coordinator_top_ups_total").increment(1);
-            let recent = self.config.rebalancer.suspect_after_ms;
-            let pods = inbox.acks.live_pods(&report.region, now, recent);
-            let pace = t.per_period * pods as f64;
+            let pace = Pace {
+                pod_per_period: t.per_period,
+                interval_ms: t.interval_ms,
+                pods: inbox.acks.live_pods(&report.region, now, recent),
+            };
             if inbox
                 .demand
                 .bump(&report.region, &t.rule, period, &t.key, pace)

@@ -116,7 +116,7 @@ pub struct CoordinatorArgs {
     #[arg(long, default_value_t = 0.1)]
     pub floor: f64,
     /// Moves smaller than this fraction of a limit are not published.
-    #[arg(long, default_value_t = 0.02)]
+    #[arg(long, default_value_t = 0.01)]
     pub hysteresis: f64,
     /// Most of a limit moved into or out of a region per epoch (fraction);
     /// off by default — shrink before grow already keeps the sum safe.

@@ -204,6 +204,7 @@ impl Global {
             rule: rule.id.clone(),
             key: key.to_string(),
             per_period,
+            interval_ms: since.as_millis() as u64,
         });
         if demand.last_top_up.len() > 10_000 {
             demand.last_top_up.retain(|_, t| t.elapsed() < TOP_UP_EVERY);

@@ -14,7 +14,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::algorithm::Micros;
-use crate::allocation::demand::{AckTracker, DemandTracker, KeyDemand, bound_report};
+use crate::allocation::demand::{AckTracker, DemandTracker, KeyDemand, Pace, bound_report};
 use crate::allocation::rebalance::{Round, is_noop, rebalance};
 use crate::allocation::table::{RegionUpdate, RuleUpdate, Table, region_update};
 use crate::allocation::{
@@ -86,12 +86,16 @@ enum Event {
         pod: usize,
         keys: Vec<KeyDemand>,
         remainder: u64,
+        /// The span the counts cover.
+        interval_ms: u64,
         epoch: Epoch,
     },
     TopUp {
         region: usize,
         key: u32,
+        /// The pod's pace since its last report, per period, and that span.
         per_period: f64,
+        interval_ms: u64,
     },
     /// A rebalance round; `roll` marks the scheduled ones, which end a demand
     /// sampling interval (early top-up rounds do not).
@@ -452,6 +456,7 @@ impl Engine {
                 pod,
                 keys,
                 remainder,
+                interval_ms,
                 epoch,
             } => {
                 if !self.link(region, at) {
@@ -460,15 +465,33 @@ impl Engine {
                 let id = self.regions[region].pods[pod].id.clone();
                 let name = &self.scenario.regions[region].name;
                 let period = self.scenario.rule.period_ms as u64;
-                if let Some(c) = self.coordinator.as_mut() {
-                    c.demand.record(name, RULE, period, &keys, remainder);
-                    c.acks.record(&id, name, epoch, abs(at));
+                let recent = self.scenario.coordinator.config.suspect_after_ms;
+                let Some(c) = self.coordinator.as_mut() else {
+                    return;
+                };
+                c.demand.record(name, RULE, period, &keys, remainder);
+                c.acks.record(&id, name, epoch, abs(at));
+                let pods = c.acks.live_pods(name, abs(at), recent);
+                let stepped = self.strategy == Strategy::Meridian
+                    && self.scenario.coordinator.top_up
+                    && c.demand.follow_steps(
+                        name,
+                        RULE,
+                        period,
+                        &keys,
+                        remainder,
+                        interval_ms,
+                        pods,
+                    );
+                if stepped {
+                    self.early_round(at);
                 }
             }
             Event::TopUp {
                 region,
                 key,
                 per_period,
+                interval_ms,
             } => {
                 if !self.link(region, at) {
                     return;
@@ -479,19 +502,15 @@ impl Engine {
                     return;
                 };
                 let recent = self.scenario.coordinator.config.suspect_after_ms;
-                let pods = c.acks.live_pods(name, abs(at), recent);
-                let pace = per_period * pods as f64;
-                if !c
-                    .demand
+                let pace = Pace {
+                    pod_per_period: per_period,
+                    interval_ms,
+                    pods: c.acks.live_pods(name, abs(at), recent),
+                };
+                if c.demand
                     .bump(name, RULE, period, &self.keys[key as usize], pace)
                 {
-                    return;
-                }
-                if !c.early_pending {
-                    c.early_pending = true;
-                    // At most one out-of-cycle round per second.
-                    let when = at.max(c.last_full + 1000);
-                    self.schedule(when, Event::Round { roll: false });
+                    self.early_round(at);
                 }
             }
             Event::Round { roll } => {
@@ -513,6 +532,19 @@ impl Engine {
                     self.transition(at);
                 }
             }
+        }
+    }
+
+    /// An out-of-cycle round for a top-up or a demand step: at most one per
+    /// second, as the coordinator runs them.
+    fn early_round(&mut self, at: i64) {
+        let Some(c) = self.coordinator.as_mut() else {
+            return;
+        };
+        if !c.early_pending {
+            c.early_pending = true;
+            let when = at.max(c.last_full + 1000);
+            self.schedule(when, Event::Round { roll: false });
         }
     }
 
@@ -754,6 +786,7 @@ impl Engine {
                     continue;
                 }
                 let pod = &mut self.regions[r].pods[p];
+                let interval_ms = (t - pod.since).max(1) as u64;
                 pod.since = t;
                 let keys: Vec<KeyDemand> = pod
                     .asked
@@ -772,25 +805,19 @@ impl Engine {
                 let epoch = pod.table.epoch();
                 out.push((
                     t + self.scenario.regions[r].latency_ms,
-                    r,
-                    p,
-                    keys,
-                    remainder,
-                    epoch,
+                    Event::Report {
+                        region: r,
+                        pod: p,
+                        keys,
+                        remainder,
+                        interval_ms,
+                        epoch,
+                    },
                 ));
             }
         }
-        for (at, region, pod, keys, remainder, epoch) in out {
-            self.schedule(
-                at,
-                Event::Report {
-                    region,
-                    pod,
-                    keys,
-                    remainder,
-                    epoch,
-                },
-            );
+        for (at, event) in out {
+            self.schedule(at, event);
         }
     }
 
@@ -876,6 +903,7 @@ impl Engine {
                                         region: r,
                                         key,
                                         per_period,
+                                        interval_ms: elapsed as u64,
                                     },
                                 );
                             }
