@@ -73,6 +73,8 @@ fn steady_load_keeps_every_window_within_the_limit() {
 fn a_shift_keeps_every_window_within_the_limit_and_meridian_rejects_less_than_static() {
     let r = run(short("shift", 60));
     assert_bounds(&r);
+    // Not fewer than proportional share: in the window a step lands in,
+    // proportional re-divides mid-window — what also takes it above L.
     assert_fewer_false_rejections(&r, &[Strategy::Static]);
 }
 
@@ -113,12 +115,12 @@ fn a_hot_customer_keeps_every_window_within_the_limit() {
 }
 
 #[test]
-fn follow_the_sun_keeps_every_window_within_the_limit() {
+fn follow_the_sun_keeps_every_window_within_the_limit_and_meridian_rejects_less_than_the_others() {
     let mut s = short("follow-the-sun", 24 * 60);
     s.step_ms = 5_000;
     let r = run(s);
     assert_bounds(&r);
-    assert_fewer_false_rejections(&r, &[Strategy::Static]);
+    assert_fewer_false_rejections(&r, &[Strategy::Static, Strategy::Proportional]);
 }
 
 #[test]
