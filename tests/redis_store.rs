@@ -553,3 +553,48 @@ async fn checks_one_at_a_time_each_send_their_own_call() {
     assert_eq!(evalsha_calls(&server) - before, 8);
     assert_eq!(allowed, 5);
 }
+
+/// A global allocation moves under a bucket: its level is converted to the
+/// new limit's scale, and no time is credited. Read in the old scale, a grow
+/// refilled the whole burst at once (the token bucket over B + R·T in
+/// tests/global_shift.rs).
+#[tokio::test]
+async fn a_bucket_whose_limit_changes_gets_no_tokens_from_the_change() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let bucket = |algorithm, n| Limit {
+        rule: "moving".into(),
+        params: Params::new(algorithm, n, Duration::from_secs(60), Some(10)).expect("params"),
+    };
+    for algorithm in [Algorithm::TokenBucket, Algorithm::LeakyBucket] {
+        let key = format!("k-{algorithm}");
+        // 7 a minute, burst 10: empty it.
+        let small = bucket(algorithm, 7);
+        let mut admitted = 0;
+        for _ in 0..10 {
+            if store
+                .check(&small, &key, 1, Some(EDGE))
+                .await
+                .expect("check")
+                .allowed
+            {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 10, "{algorithm}: the burst");
+        // The allocation grows to 600 a minute, burst still 10, 1 ms later:
+        // at most the new rate's refill of 1 ms (0.01 of a hit) is due.
+        let big = bucket(algorithm, 600);
+        let d = store
+            .check(&big, &key, 1, Some(EDGE + 1_000))
+            .await
+            .expect("check");
+        assert!(!d.allowed, "{algorithm}: a grow refilled the bucket: {d:?}");
+        // Refill goes on at the new rate: 10 hits a second.
+        let d = store
+            .check(&big, &key, 1, Some(EDGE + 201_000))
+            .await
+            .expect("check");
+        assert!(d.allowed, "{algorithm}: no refill at the new rate: {d:?}");
+    }
+}

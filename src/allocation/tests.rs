@@ -562,7 +562,10 @@ proptest! {
             prop_assert!(got[i] >= floor, "region {i} below its floor: {got:?}");
         }
         let floors: Vec<u64> = statics.iter().map(|s| (*s as f64 * config.floor).floor() as u64).collect();
-        if demand.iter().sum::<u64>() <= limit {
+        // Every region keeps its floor, an idle one too: what is left of L
+        // after the floors is what demand can claim.
+        let claimed: u64 = (0..3).map(|i| demand[i].max(floors[i])).sum();
+        if claimed <= limit {
             // Enough for everyone: each region gets at least its demand.
             for i in 0..3 {
                 prop_assert!(got[i] + 1 >= demand[i], "region {i} short of {}: {got:?}", demand[i]);

@@ -40,7 +40,10 @@ pub struct Flushed {
 }
 
 pub(super) fn flush_script() -> Script {
-    Script::new(include_str!("scripts/approximate_flush.lua"))
+    Script::new(concat!(
+        include_str!("scripts/bucket_rescale.lua"),
+        include_str!("scripts/approximate_flush.lua")
+    ))
 }
 
 impl RedisStore {

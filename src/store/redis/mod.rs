@@ -41,8 +41,14 @@ pub fn script_source(algorithm: Algorithm) -> &'static str {
         Algorithm::FixedWindow => with_prelude!("scripts/fixed_window.lua"),
         Algorithm::SlidingWindowLog => with_prelude!("scripts/sliding_log.lua"),
         Algorithm::SlidingWindowCounter => with_prelude!("scripts/sliding_counter.lua"),
-        Algorithm::TokenBucket => with_prelude!("scripts/token_bucket.lua"),
-        Algorithm::LeakyBucket => with_prelude!("scripts/leaky_bucket.lua"),
+        Algorithm::TokenBucket => concat!(
+            include_str!("scripts/bucket_rescale.lua"),
+            with_prelude!("scripts/token_bucket.lua")
+        ),
+        Algorithm::LeakyBucket => concat!(
+            include_str!("scripts/bucket_rescale.lua"),
+            with_prelude!("scripts/leaky_bucket.lua")
+        ),
     }
 }
 

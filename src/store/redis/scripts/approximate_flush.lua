@@ -1,6 +1,7 @@
 -- Approximate path: applies one pod's local deltas for many keys in one call
--- (src/limiter/batcher.rs). Standalone on purpose (no prelude): it handles many
--- keys and returns global counts, not a decision.
+-- (src/limiter/batcher.rs). Without the prelude on purpose (only
+-- bucket_rescale.lua goes in front): it handles many keys and returns global
+-- counts, not a decision.
 --
 -- KEYS[i]  the key prefix `mr:{<rule>:<key>}` of delta i. On a Cluster the
 --          caller groups deltas by slot, so every KEYS entry shares one slot.
@@ -48,10 +49,15 @@ for i, prefix in ipairs(KEYS) do
     -- tokens (never below empty: a batch admitted on a stale view is overshoot).
     local key = prefix .. ':tb'
     local now_tick = math.floor(now / tick_us)
-    local st = redis.call('HMGET', key, 't', 'k')
+    local st = redis.call('HMGET', key, 't', 'k', 'u', 'd', 'r')
     local tokens, tick = capacity, now_tick
     if st[1] then
       local last_tokens, last_tick = tonumber(st[1]), tonumber(st[2])
+      local level = rescaled_level(st, last_tokens, last_tick, now, unit, tick_us, refill, 1)
+      if level then
+        last_tokens = math.min(math.floor(level * unit), capacity)
+        last_tick = now_tick
+      end
       tick = math.max(now_tick, last_tick)
       local elapsed = tick - last_tick
       if elapsed >= ceil_div(capacity - last_tokens, refill) then
@@ -62,7 +68,7 @@ for i, prefix in ipairs(KEYS) do
     end
     if hits > 0 then
       tokens = math.max(0, tokens - hits * unit)
-      redis.call('HSET', key, 't', int(tokens), 'k', int(tick))
+      redis.call('HSET', key, 't', int(tokens), 'k', int(tick), 'u', int(unit), 'd', int(tick_us), 'r', int(refill))
       expire(key, (tick + ceil_div(capacity - tokens, refill)) * tick_us - now)
     end
     out[#out + 1] = tokens

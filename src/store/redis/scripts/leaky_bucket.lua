@@ -1,11 +1,19 @@
 -- leaky_bucket (GCRA): TAT as tick + scaled backlog (src/algorithm/leaky_bucket.rs).
--- Hash fields: b = backlog (scaled units) still to drain after tick k.
+-- Hash fields: b = backlog (scaled units) still to drain after tick k,
+-- u / d / r = the unit, tick (µs) and drain they are counted in.
 local key = prefix .. ':lb'
 local now_tick = math.floor(now / tick_us)
-local st = redis.call('HMGET', key, 'b', 'k')
+local rescaled = false
+local st = redis.call('HMGET', key, 'b', 'k', 'u', 'd', 'r')
 local backlog, tick = 0, now_tick
 if st[1] then
   local last_backlog, last_tick = tonumber(st[1]), tonumber(st[2])
+  local level = rescaled_level(st, last_backlog, last_tick, now, unit, tick_us, refill, -1)
+  if level then
+    last_backlog = math.ceil(level * unit)
+    last_tick = now_tick
+    rescaled = true
+  end
   tick = math.max(now_tick, last_tick)
   local elapsed = tick - last_tick
   if elapsed >= ceil_div(last_backlog, refill) then
@@ -24,8 +32,9 @@ else
   delay = retry
 end
 local reset = until_tick(tick + ceil_div(level, refill))
-if allowed == 1 then
-  redis.call('HSET', key, 'b', int(after), 'k', int(tick))
+-- A converted backlog is kept even when denied: drain goes on at the new rate.
+if allowed == 1 or rescaled then
+  redis.call('HSET', key, 'b', int(level), 'k', int(tick), 'u', int(unit), 'd', int(tick_us), 'r', int(refill))
   expire(key, reset)
 end
 return allowed, limit, math.floor((capacity - level) / unit), reset, retry, delay
