@@ -85,6 +85,7 @@ async fn rls_enforces_per_descriptor_limits_with_filled_statuses() {
     let redis = RedisServer::start();
     let limiter = LimiterProcess::start(RULES, &["--redis", &redis.url(), "--response-headers"]);
     let mut client = rls_client(&limiter).await;
+    common::clear_of_window_boundary(Duration::from_secs(60), Duration::from_secs(15)).await;
 
     for expected_remaining in [2, 1, 0] {
         let r = ask(&mut client, vec![descriptor(&[("customer", "a")])], 0).await;
@@ -236,6 +237,7 @@ async fn http_checks_answer_200_or_429_with_headers_and_400_for_bad_input() {
     let http = reqwest::Client::new();
     let url = limiter.http_url("/v1/check");
     let body = serde_json::json!({"domain": "api", "rule": "per_customer", "key": "web"});
+    common::clear_of_window_boundary(Duration::from_secs(60), Duration::from_secs(15)).await;
     for remaining in ["2", "1", "0"] {
         let r = http.post(&url).json(&body).send().await.expect("POST");
         assert_eq!(r.status(), 200);
@@ -372,6 +374,7 @@ descriptors:
 "#;
     let limiter = LimiterProcess::start(rules, &["--redis", &redis.url()]);
     let mut client = rls_client(&limiter).await;
+    common::clear_of_window_boundary(Duration::from_secs(60), Duration::from_secs(15)).await;
     let shop = |d: Vec<RateLimitDescriptor>| {
         let mut client = client.clone();
         async move {

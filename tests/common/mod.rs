@@ -352,3 +352,20 @@ impl RedisCluster {
 }
 
 pub mod limiter;
+
+/// Waits, if need be, until at least `room` is left before the next boundary
+/// of a wall-clock window of `period`, so a test that counts hits in one
+/// fixed window never sees its counter reset half way (CI machines can be
+/// slow enough for a few requests to straddle a minute boundary).
+pub async fn clear_of_window_boundary(period: Duration, room: Duration) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970");
+    let into = Duration::from_nanos((now.as_nanos() % period.as_nanos()) as u64);
+    let left = period - into;
+    if left < room {
+        // A little past the boundary: Redis reads the same clock, but not at
+        // the same instant.
+        tokio::time::sleep(left + Duration::from_millis(50)).await;
+    }
+}
