@@ -95,6 +95,7 @@ fn rebalance_1m(c: &mut Criterion) {
                 regions: &regions,
                 rules: &rules,
                 demand: Some(&tracker),
+                in_window: None,
             };
             black_box(rebalance(&state, &round, &config))
         })
@@ -107,6 +108,7 @@ fn rebalance_1m(c: &mut Criterion) {
             regions: &regions,
             rules: &rules,
             demand: Some(&tracker),
+            in_window: None,
         },
         &config,
     );

@@ -44,7 +44,7 @@ pub mod meridian {
 /// the coordinator builds it, the limiter reads it.
 mod allocation_wire {
     use super::meridian::v1 as pb;
-    use crate::allocation::table::{RegionUpdate, RuleUpdate};
+    use crate::allocation::table::{Now, RegionUpdate, RuleUpdate};
 
     impl From<&RegionUpdate> for pb::AllocationUpdate {
         fn from(u: &RegionUpdate) -> Self {
@@ -60,13 +60,25 @@ mod allocation_wire {
                         limit: r.limit,
                         fallback: r.fallback,
                         split: r.split,
-                        split_immediate: r.split_immediate,
+                        split_immediate: r.split_now.immediate,
+                        split_shrink_now: r.split_now.shrink_now,
+                        split_now_until_unix_ms: r.split_now.until_ms,
                         keys: r
                             .keys
                             .iter()
-                            .map(|(key, value)| pb::KeyAllocation {
-                                key: key.clone(),
-                                value: *value,
+                            .map(|(key, value)| {
+                                let now = r
+                                    .keys_now
+                                    .iter()
+                                    .find(|(k, _)| k == key)
+                                    .map_or(Now::default(), |(_, n)| *n);
+                                pb::KeyAllocation {
+                                    key: key.clone(),
+                                    value: *value,
+                                    immediate: now.immediate,
+                                    shrink_now: now.shrink_now,
+                                    now_until_unix_ms: now.until_ms,
+                                }
                             })
                             .collect(),
                     })
@@ -90,8 +102,25 @@ mod allocation_wire {
                         limit: r.limit,
                         fallback: r.fallback,
                         split: r.split,
-                        split_immediate: r.split_immediate,
+                        split_now: Now {
+                            immediate: r.split_immediate,
+                            shrink_now: r.split_shrink_now,
+                            until_ms: r.split_now_until_unix_ms,
+                        },
                         keys: r.keys.iter().map(|k| (k.key.clone(), k.value)).collect(),
+                        keys_now: r
+                            .keys
+                            .iter()
+                            .filter(|k| k.immediate || k.shrink_now)
+                            .map(|k| {
+                                let now = Now {
+                                    immediate: k.immediate,
+                                    shrink_now: k.shrink_now,
+                                    until_ms: k.now_until_unix_ms,
+                                };
+                                (k.key.clone(), now)
+                            })
+                            .collect(),
                     })
                     .collect(),
                 removed_rules: u.removed_rules.clone(),

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use super::{Allocations, Epoch, Millis, TOP_UP_JUMP};
+use super::{Allocations, Epoch, Millis, TOP_UP_JUMP, WindowUse};
 
 /// One report line: demand for a key (or the rest of a rule) over an interval.
 #[derive(Debug, Clone, PartialEq)]
@@ -415,6 +415,8 @@ struct PodAck {
     region: String,
     epoch: Epoch,
     at_ms: Millis,
+    /// Per rule: the window start and the pod's use of it, latest report.
+    used: Vec<(String, Millis, WindowUse)>,
 }
 
 impl AckTracker {
@@ -423,10 +425,61 @@ impl AckTracker {
             region: region.to_string(),
             epoch,
             at_ms: now_ms,
+            used: Vec::new(),
         });
         entry.region = region.to_string();
         entry.epoch = epoch;
         entry.at_ms = entry.at_ms.max(now_ms);
+    }
+
+    /// Records what a pod saw of `rule`'s window starting at `window_start_ms`
+    /// (after [`AckTracker::record`] for the same report).
+    pub fn record_use(&mut self, pod: &str, rule: &str, window_start_ms: Millis, used: WindowUse) {
+        let Some(entry) = self.pods.get_mut(pod) else {
+            return;
+        };
+        match entry.used.iter_mut().find(|(r, _, _)| r == rule) {
+            Some(slot) => {
+                if window_start_ms >= slot.1 {
+                    *slot = (rule.to_string(), window_start_ms, used);
+                }
+            }
+            None => entry.used.push((rule.to_string(), window_start_ms, used)),
+        }
+    }
+
+    /// What `region`'s pods heard within `within_ms` saw of `rule` in the
+    /// window starting at `window_start_ms`: the largest count and cap, and
+    /// whether every one of them reported for that window — a pod that has
+    /// not may be enforcing anything it was ever sent. `None` when no pod
+    /// is live.
+    pub fn region_use(
+        &self,
+        region: &str,
+        rule: &str,
+        window_start_ms: Millis,
+        now_ms: Millis,
+        within_ms: i64,
+    ) -> Option<(WindowUse, bool)> {
+        let mut out: Option<(WindowUse, bool)> = None;
+        for pod in self.pods.values().filter(|p| p.region == region) {
+            if pod.at_ms < now_ms - within_ms {
+                continue;
+            }
+            let (acc, complete) = out.get_or_insert((WindowUse::default(), true));
+            match pod
+                .used
+                .iter()
+                .find(|(r, start, _)| r == rule && *start == window_start_ms)
+            {
+                Some((_, _, u)) => {
+                    acc.count = acc.count.max(u.count);
+                    acc.cap = acc.cap.max(u.cap);
+                }
+                None => *complete = false,
+            }
+        }
+        out
     }
 
     /// The region's acknowledged epoch — the oldest held by any pod heard

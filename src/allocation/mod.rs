@@ -162,6 +162,48 @@ pub struct Slot {
     /// region may apply it at once instead of at the next window boundary.
     #[serde(default)]
     pub immediate: bool,
+    /// The last change was a shrink the region had not used yet this window
+    /// (its count was at most the new value): it applies at once, so what
+    /// it gives up can be granted within the window (see [`InWindow`]).
+    #[serde(default)]
+    pub shrink_now: bool,
+    /// When `immediate` or `shrink_now` was decided for one window only,
+    /// that window's end: a pod that gets the update later (a snapshot after
+    /// a reconnect) applies it at a boundary like any other change. 0: no
+    /// end (capacity never issued can be used at any time).
+    #[serde(default)]
+    pub now_until_ms: Millis,
+}
+
+/// What one region may admit in the current window of a rule counted in
+/// fixed windows on the exact path, from its pods' own reports.
+///
+/// The final count of a key in a window is at most the larger of what any
+/// pod saw it reach before lowering its value and the value in force after:
+/// every later admission needs `count + cost ≤ value`. So once every pod of a
+/// region has applied a shrink and reported, the region cannot admit more
+/// than `max(count, cap)` this window, and the rest of `L` can be granted at
+/// once instead of at the next boundary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WindowUse {
+    /// The most any key of the rule had been admitted this window, as seen
+    /// by the pod's own checks (in-flight checks drained first).
+    pub count: u64,
+    /// The largest value the pod enforces for the rule now (any key).
+    pub cap: u64,
+}
+
+/// A rule's in-window use in every region (indexed like `Round::regions`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct InWindow {
+    /// The end of the window the uses were counted in.
+    pub until_ms: Millis,
+    pub regions: Vec<WindowUse>,
+    /// Every live pod of every region reported for this window. Only then
+    /// can anything be granted within it; a shrink may apply at once
+    /// whenever the counts heard so far fit under it (lowering a value is
+    /// always safe).
+    pub complete: bool,
 }
 
 /// Region name → slot.

@@ -26,8 +26,8 @@ use std::collections::{BTreeMap, BinaryHeap};
 
 use super::demand::DemandTracker;
 use super::{
-    Allocations, Config, Epoch, KeyAllocation, Millis, RegionInput, RegionLease, RegionStatus,
-    RuleAllocation, RulePolicy, Shares, Slot, fallback_share, static_shares,
+    Allocations, Config, Epoch, InWindow, KeyAllocation, Millis, RegionInput, RegionLease,
+    RegionStatus, RuleAllocation, RulePolicy, Shares, Slot, fallback_share, static_shares,
 };
 use crate::rules::Partition;
 
@@ -41,6 +41,9 @@ pub struct Round<'a> {
     /// `None`: a transition round (acknowledgements arrived): targets stay,
     /// released capacity is granted.
     pub demand: Option<&'a DemandTracker>,
+    /// Rules whose current window's use is known in every region: their
+    /// split may shrink and grow within the window (see [`InWindow`]).
+    pub in_window: Option<&'a BTreeMap<String, InWindow>>,
 }
 
 /// The next state. Its epoch is one more than `state`'s; commit
@@ -289,7 +292,19 @@ fn step_rule(
         }
         retarget(&mut scratch.slots, &scratch.target, view, limit, config);
     }
-    transition_tracked(&mut scratch.slots, limit, epoch, Some(&mut rule.high_water));
+    // Never while a region is lapsed: what it enforces then is decided by
+    // its own clock, not by anything it reported.
+    let in_window = round
+        .in_window
+        .and_then(|w| w.get(&policy.rule))
+        .filter(|_| !view.lapsed.iter().any(|l| *l));
+    transition_tracked(
+        &mut scratch.slots,
+        limit,
+        epoch,
+        Some(&mut rule.high_water),
+        in_window,
+    );
     store(&mut rule.split, &names, &scratch.slots);
 
     // Key entries.
@@ -366,7 +381,7 @@ fn step_rule(
             load(&entry.shares, &names, &mut scratch.slots);
             settle(&mut scratch.slots, view, &names, acked);
             retarget(&mut scratch.slots, &target, view, limit, config);
-            transition(&mut scratch.slots, limit, epoch);
+            transition_tracked(&mut scratch.slots, limit, epoch, None, in_window);
             store(&mut entry.shares, &names, &scratch.slots);
         }
         for (key, (target, demand)) in fresh {
@@ -381,8 +396,14 @@ fn step_rule(
                     .collect(),
             };
             load(&entry.shares, &names, &mut scratch.slots);
+            for slot in scratch.slots.iter_mut() {
+                // Flags describe the split's last change, not this entry's.
+                slot.immediate = false;
+                slot.shrink_now = false;
+                slot.now_until_ms = 0;
+            }
             retarget(&mut scratch.slots, &target, view, limit, config);
-            transition(&mut scratch.slots, limit, epoch);
+            transition_tracked(&mut scratch.slots, limit, epoch, None, in_window);
             store(&mut entry.shares, &names, &scratch.slots);
             keys.insert(key, entry);
         }
@@ -390,7 +411,7 @@ fn step_rule(
         for entry in keys.values_mut() {
             load(&entry.shares, &names, &mut scratch.slots);
             settle(&mut scratch.slots, view, &names, acked);
-            transition(&mut scratch.slots, limit, epoch);
+            transition_tracked(&mut scratch.slots, limit, epoch, None, in_window);
             store(&mut entry.shares, &names, &scratch.slots);
         }
     }
@@ -444,7 +465,7 @@ fn settle(
                 bound: kept,
                 target: kept.min(slot.granted),
                 since: slot.since,
-                immediate: false,
+                ..Slot::default()
             };
         }
     }
@@ -679,24 +700,51 @@ pub fn water_fill_into(
 /// only out of `limit − Σ bound` (capacity nobody may still be enforcing),
 /// shared in proportion to what each grower still wants.
 pub fn transition(slots: &mut [Slot], limit: u64, epoch: Epoch) {
-    transition_tracked(slots, limit, epoch, None);
+    transition_tracked(slots, limit, epoch, None, None);
 }
 
 /// [`transition`], also tracking the highest Σ bound ever issued: grows that
-/// fit under `limit − high_water` are marked `immediate`.
+/// fit under `limit − high_water` are marked `immediate`. With the current
+/// window's use known (`in_window`), a shrink the region has not used yet
+/// applies at once (`shrink_now`), and a grow that fits under `L` minus what
+/// every region may still admit this window is `immediate` for the rest of
+/// the window.
 pub fn transition_tracked(
     slots: &mut [Slot],
     limit: u64,
     epoch: Epoch,
     high_water: Option<&mut u64>,
+    in_window: Option<&InWindow>,
 ) {
-    for slot in slots.iter_mut() {
+    let in_window = in_window.filter(|w| w.regions.len() == slots.len());
+    for (i, slot) in slots.iter_mut().enumerate() {
         if slot.target < slot.granted {
             slot.granted = slot.target;
             slot.since = epoch;
             slot.immediate = false;
+            slot.shrink_now = in_window.is_some_and(|w| w.regions[i].count <= slot.target);
+            slot.now_until_ms = match in_window {
+                Some(w) if slot.shrink_now => w.until_ms,
+                _ => 0,
+            };
         }
     }
+    // What each region may still admit this window: a shrink not yet
+    // acknowledged counts at its old value (`bound`).
+    let complete = in_window.filter(|w| w.complete);
+    let window_use = |i: usize, s: &Slot| {
+        complete.map(|w| {
+            let u = w.regions[i];
+            u.count.max(u.cap).max(s.bound).max(s.granted)
+        })
+    };
+    let mut admissible: Option<u64> = complete.map(|_| {
+        slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| window_use(i, s))
+            .sum()
+    });
     let bound: u64 = slots.iter().map(|s| s.bound.max(s.granted)).sum();
     let free = limit.saturating_sub(bound);
     let want: Vec<f64> = slots
@@ -711,12 +759,26 @@ pub fn transition_tracked(
         let never_issued = high_water
             .as_deref()
             .map_or(0, |hw| limit.saturating_sub((*hw).max(bound)));
-        for (slot, g) in slots.iter_mut().zip(give) {
-            if g > 0 {
-                slot.granted += g;
-                slot.bound = slot.bound.max(slot.granted);
-                slot.since = epoch;
-                slot.immediate = given <= never_issued;
+        for (i, (slot, g)) in slots.iter_mut().zip(give).enumerate() {
+            if g == 0 {
+                continue;
+            }
+            let before = window_use(i, slot);
+            slot.granted += g;
+            slot.bound = slot.bound.max(slot.granted);
+            slot.since = epoch;
+            slot.shrink_now = false;
+            slot.now_until_ms = 0;
+            slot.immediate = given <= never_issued;
+            if !slot.immediate
+                && let (Some(total), Some(before), Some(w)) = (admissible, before, complete)
+            {
+                let after = total - before + before.max(slot.granted);
+                if after <= limit {
+                    admissible = Some(after);
+                    slot.immediate = true;
+                    slot.now_until_ms = w.until_ms;
+                }
             }
         }
     }

@@ -39,9 +39,45 @@ pub struct RuleUpdate {
     pub split: Option<u64>,
     /// The split's new value may apply at once (capacity never issued
     /// before), not only at the next window boundary.
-    pub split_immediate: bool,
+    pub split_now: Now,
     /// Changed key entries; `None` = the entry is gone (the key uses the split).
     pub keys: Vec<(String, Option<u64>)>,
+    /// Key entries among `keys` whose new value applies before the boundary.
+    pub keys_now: Vec<(String, Now)>,
+}
+
+/// When a new value applies: at the next window boundary (the default), or
+/// at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Now {
+    /// A grow that may apply at once: capacity never issued to any region,
+    /// or no other region can use it in the current window any more.
+    pub immediate: bool,
+    /// A shrink to apply at once (it never raises a value): the region had
+    /// not used it this window, and the centre grants it within the window.
+    pub shrink_now: bool,
+    /// When non-zero, both hold only before this instant (the end of the
+    /// window they were decided for): a pod that gets the update later — a
+    /// snapshot after a reconnect — switches at a boundary.
+    pub until_ms: Millis,
+}
+
+impl Now {
+    fn of(slot: &super::Slot) -> Now {
+        Now {
+            immediate: slot.immediate,
+            shrink_now: slot.shrink_now,
+            until_ms: slot.now_until_ms,
+        }
+    }
+
+    fn is_set(&self) -> bool {
+        self.immediate || self.shrink_now
+    }
+
+    fn holds(&self, now_ms: Millis) -> bool {
+        self.until_ms == 0 || now_ms < self.until_ms
+    }
 }
 
 /// The update for `region`: everything when `delta` is `None`, else what the
@@ -60,7 +96,7 @@ pub fn region_update(
         ..Default::default()
     };
     let granted = |shares: &super::Shares| shares.get(region).map_or(0, |s| s.granted);
-    let immediate = |shares: &super::Shares| shares.get(region).is_some_and(|s| s.immediate);
+    let slot = |shares: &super::Shares| shares.get(region).copied().unwrap_or_default();
     match delta {
         None => {
             for (id, rule) in &state.rules {
@@ -69,11 +105,17 @@ pub fn region_update(
                     limit: rule.limit,
                     fallback: rule.fallback.get(region).copied().unwrap_or(0),
                     split: Some(granted(&rule.split)),
-                    split_immediate: immediate(&rule.split),
+                    split_now: Now::of(&slot(&rule.split)),
                     keys: rule
                         .keys
                         .iter()
                         .map(|(k, e)| (k.clone(), Some(granted(&e.shares))))
+                        .collect(),
+                    keys_now: rule
+                        .keys
+                        .iter()
+                        .map(|(k, e)| (k.clone(), Now::of(&slot(&e.shares))))
+                        .filter(|(_, now)| now.is_set())
                         .collect(),
                 });
             }
@@ -91,12 +133,21 @@ pub fn region_update(
                     limit: rd.limit,
                     fallback: rd.fallback.get(region).copied().unwrap_or(0),
                     split: rd.split.as_ref().map(granted),
-                    split_immediate: rd.split.as_ref().is_some_and(immediate),
-                    keys: Vec::new(),
+                    split_now: rd
+                        .split
+                        .as_ref()
+                        .map(|s| Now::of(&slot(s)))
+                        .unwrap_or_default(),
+                    ..Default::default()
                 };
                 for (key, entry) in &rd.keys {
                     ru.keys
                         .push((key.clone(), entry.as_ref().map(|e| granted(&e.shares))));
+                    if let Some(now) = entry.as_ref().map(|e| Now::of(&slot(&e.shares)))
+                        && now.is_set()
+                    {
+                        ru.keys_now.push((key.clone(), now));
+                    }
                 }
                 update.rules.push(ru);
             }
@@ -141,6 +192,22 @@ impl Value {
                 self.active = v;
                 self.next = None;
             }
+        }
+    }
+
+    /// Takes a published value: at once when `now` says so and still
+    /// holds, else at the next boundary. A shrink-now only ever lowers the
+    /// value in force (what was admitted stays counted; nothing more above
+    /// `v` from here on).
+    fn take(&mut self, v: u64, now: Now, now_ms: Millis, period_ms: Option<u64>) {
+        let holds = now.holds(now_ms);
+        if holds && now.shrink_now && v <= self.at(now_ms) {
+            self.settle(now_ms);
+            self.active = v;
+            self.next = None;
+        } else {
+            let immediate = holds && now.immediate;
+            self.set(v, now_ms, if immediate { None } else { period_ms });
         }
     }
 
@@ -264,9 +331,14 @@ impl Table {
             view.limit = ru.limit;
             view.fallback = ru.fallback;
             if let Some(v) = ru.split {
-                view.split
-                    .set(v, now_ms, if ru.split_immediate { None } else { window });
+                view.split.take(v, ru.split_now, now_ms, window);
             }
+            let key_now = |key: &str| {
+                ru.keys_now
+                    .iter()
+                    .find(|(k, _)| k == key)
+                    .map_or(Now::default(), |(_, n)| *n)
+            };
             if update.full {
                 let gone: Vec<String> = view
                     .keys
@@ -281,12 +353,12 @@ impl Table {
             for (key, value) in &ru.keys {
                 match value {
                     Some(v) => match view.keys.get_mut(key) {
-                        Some(existing) => existing.set(*v, now_ms, window),
+                        Some(existing) => existing.take(*v, key_now(key), now_ms, window),
                         None => {
                             // The key was enforced at the split (or a
                             // retiring entry) until now.
                             let mut val = view.retiring.remove(key).map_or(view.split, |r| r.0);
-                            val.set(*v, now_ms, window);
+                            val.take(*v, key_now(key), now_ms, window);
                             view.keys.insert(key.clone(), val);
                         }
                     },
@@ -313,6 +385,20 @@ impl Table {
         } else {
             value
         })
+    }
+
+    /// The largest value any key of `rule` has now (the `cap` of a
+    /// [`super::WindowUse`]); the lease fallback is not applied, so it is
+    /// never below what a key may be admitted.
+    pub fn window_cap(&self, rule: &str, now_ms: Millis) -> Option<u64> {
+        let view = self.rules.get(rule)?;
+        let keys = view.keys.values().map(|v| v.at(now_ms));
+        let retiring = view
+            .retiring
+            .values()
+            .filter(|(_, until)| now_ms < *until)
+            .map(|(v, _)| v.at(now_ms));
+        Some(keys.chain(retiring).fold(view.split.at(now_ms), u64::max))
     }
 
     /// The world-wide limit of a rule this table holds.

@@ -104,6 +104,7 @@ fn shrink_is_published_before_the_grow_it_pays_for() {
             target: 300,
             since: 7,
             immediate: false,
+            ..Slot::default()
         },
         Slot {
             granted: 400,
@@ -111,6 +112,7 @@ fn shrink_is_published_before_the_grow_it_pays_for() {
             target: 700,
             since: 7,
             immediate: false,
+            ..Slot::default()
         },
     ];
     transition(&mut slots, 1000, 8);
@@ -318,6 +320,7 @@ fn the_table_fences_old_epochs_switches_at_window_boundaries_and_falls_back() {
             target: 600,
             since: 5,
             immediate: false,
+            ..Slot::default()
         },
     );
     state.rules.insert("r".into(), rule);
@@ -506,7 +509,7 @@ proptest! {
             tracker.roll(1_000);
             let acks: Vec<Option<Epoch>> = (0..n).map(|i| heard[i].map(|_| acked[i])).collect();
             let rs = regions(n, &status, &heard, &acks);
-            let round = Round { now_ms: now, regions: &rs, rules: &rules, demand: step.full.then_some(&tracker) };
+            let round = Round { now_ms: now, regions: &rs, rules: &rules, demand: step.full.then_some(&tracker) , in_window: None};
             let next = rebalance(&state, &round, &config);
             prop_assert_eq!(next.epoch, state.epoch + 1, "epochs are monotonic");
             let delta = state.diff(&next);
@@ -602,8 +605,8 @@ fn update(
             limit: 1000,
             fallback: 100,
             split,
-            split_immediate: false,
             keys: keys.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            ..Default::default()
         }],
         removed_rules: Vec::new(),
     }

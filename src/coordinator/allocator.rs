@@ -312,6 +312,7 @@ impl Allocator {
                 regions: &regions,
                 rules: &policies.rules,
                 demand: (full || top_up).then_some(&inbox.demand),
+                in_window: None,
             };
             let next = rebalance(&applied.registry.allocations, &round, cfg);
             (next, std::mem::take(&mut inbox.unknown_regions))

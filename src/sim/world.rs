@@ -13,13 +13,14 @@ use std::rc::Rc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::algorithm::Algorithm;
 use crate::algorithm::Micros;
 use crate::allocation::demand::{AckTracker, DemandTracker, KeyDemand, Pace, bound_report};
 use crate::allocation::rebalance::{Round, is_noop, rebalance};
 use crate::allocation::table::{RegionUpdate, RuleUpdate, Table, region_update};
 use crate::allocation::{
-    Allocations, Epoch, Millis, RegionInput, RegionStatus, RulePolicy, TOP_UP_AT, fallback_share,
-    next_round_at, static_shares,
+    Allocations, Epoch, InWindow, Millis, RegionInput, RegionStatus, RulePolicy, TOP_UP_AT,
+    WindowUse, fallback_share, next_round_at, static_shares,
 };
 use crate::rules::Partition;
 
@@ -80,6 +81,7 @@ enum Event {
         region: usize,
         pod: usize,
         epoch: Epoch,
+        used: Option<(Millis, WindowUse)>,
     },
     Report {
         region: usize,
@@ -89,6 +91,7 @@ enum Event {
         /// The span the counts cover.
         interval_ms: u64,
         epoch: Epoch,
+        used: Option<(Millis, WindowUse)>,
     },
     TopUp {
         region: usize,
@@ -113,6 +116,9 @@ struct Pod {
     since: i64,
     /// The window in which a key last asked for a top-up (one per window).
     topped: HashMap<u32, i64>,
+    /// The window (index) and the most any key had been admitted in it, as
+    /// this pod's checks saw the region's counter.
+    seen: (i64, u64),
 }
 
 struct Region {
@@ -219,6 +225,7 @@ impl Engine {
                         asked: HashMap::new(),
                         topped: HashMap::new(),
                         since: 0,
+                        seen: (0, 0),
                     })
                     .collect(),
                 static_share: *share,
@@ -293,6 +300,7 @@ impl Engine {
                     regions: &c.inputs,
                     rules: &c.policy,
                     demand: Some(&c.demand),
+                    in_window: None,
                 };
                 let next = rebalance(&c.state, &round, &self.scenario.coordinator.config);
                 let delta = c.state.diff(&next);
@@ -426,10 +434,24 @@ impl Engine {
                 let table = &mut self.regions[region].pods[pod].table;
                 let _ = table.apply(&update, abs(at), |_| window);
                 let epoch = table.epoch();
+                let used = self.window_use(region, pod, at);
                 let lat = self.latency(region);
-                self.schedule(at + lat, Event::Ack { region, pod, epoch });
+                self.schedule(
+                    at + lat,
+                    Event::Ack {
+                        region,
+                        pod,
+                        epoch,
+                        used,
+                    },
+                );
             }
-            Event::Ack { region, pod, epoch } => {
+            Event::Ack {
+                region,
+                pod,
+                epoch,
+                used,
+            } => {
                 if !self.link(region, at) {
                     return;
                 }
@@ -439,6 +461,9 @@ impl Engine {
                 };
                 c.acks
                     .record(&id, &self.scenario.regions[region].name, epoch, abs(at));
+                if let Some((start, u)) = used {
+                    c.acks.record_use(&id, RULE, start, u);
+                }
                 // Only while a shrink awaits its acknowledgement or a grow its
                 // capacity: an ack changes the lease's `acked`, so a round
                 // run on every ack would commit an epoch whose acks trigger
@@ -458,6 +483,7 @@ impl Engine {
                 remainder,
                 interval_ms,
                 epoch,
+                used,
             } => {
                 if !self.link(region, at) {
                     return;
@@ -471,6 +497,9 @@ impl Engine {
                 };
                 c.demand.record(name, RULE, period, &keys, remainder);
                 c.acks.record(&id, name, epoch, abs(at));
+                if let Some((start, u)) = used {
+                    c.acks.record_use(&id, RULE, start, u);
+                }
                 let pods = c.acks.live_pods(name, abs(at), recent);
                 let stepped = self.strategy == Strategy::Meridian
                     && self.scenario.coordinator.top_up
@@ -548,6 +577,56 @@ impl Engine {
         }
     }
 
+    /// What pod `p` of region `r` reports of the current window at `t`:
+    /// only for Meridian on a fixed window (the count is exact there).
+    fn window_use(&self, r: usize, p: usize, t: i64) -> Option<(Millis, WindowUse)> {
+        if self.strategy != Strategy::Meridian
+            || self.scenario.rule.algorithm != Algorithm::FixedWindow
+        {
+            return None;
+        }
+        let period = self.scenario.rule.period_ms;
+        let window = abs(t).div_euclid(period);
+        let pod = &self.regions[r].pods[p];
+        let count = if pod.seen.0 == window { pod.seen.1 } else { 0 };
+        let cap = pod.table.window_cap(RULE, abs(t))?;
+        Some((window * period, WindowUse { count, cap }))
+    }
+
+    /// The current window's use in every region, when each one's live pods
+    /// all reported it.
+    fn in_window(&self, now: i64) -> Option<BTreeMap<String, InWindow>> {
+        let c = self.coordinator.as_ref()?;
+        if self.strategy != Strategy::Meridian
+            || self.scenario.rule.algorithm != Algorithm::FixedWindow
+        {
+            return None;
+        }
+        let period = self.scenario.rule.period_ms;
+        let start = abs(now).div_euclid(period) * period;
+        let within = self.scenario.coordinator.config.lease_ms;
+        let mut complete = true;
+        let mut regions = Vec::new();
+        for r in &c.inputs {
+            let (u, all) = c
+                .acks
+                .region_use(&r.name, RULE, start, abs(now), within)
+                .unwrap_or_default();
+            complete &= all;
+            regions.push(u);
+        }
+        let mut map = BTreeMap::new();
+        map.insert(
+            RULE.to_string(),
+            InWindow {
+                until_ms: start + period,
+                regions,
+                complete,
+            },
+        );
+        Some(map)
+    }
+
     fn region_inputs(&mut self, now: i64) {
         let window = 2 * self.scenario.coordinator.report_interval_ms + 1000;
         let Some(c) = self.coordinator.as_mut() else {
@@ -562,6 +641,7 @@ impl Engine {
 
     fn round(&mut self, now: i64, roll: bool) {
         self.region_inputs(now);
+        let in_window = self.in_window(now);
         let Some(c) = self.coordinator.as_mut() else {
             return;
         };
@@ -577,8 +657,16 @@ impl Engine {
                     regions: &c.inputs,
                     rules: &c.policy,
                     demand: Some(&c.demand),
+                    in_window: in_window.as_ref(),
                 };
                 let next = rebalance(&c.state, &round, &self.scenario.coordinator.config);
+                    eprintln!(
+                        "round t={now} iw={:?} split={:?} keys={}",
+                        in_window,
+                        next.rules.get(RULE).map(|r| &r.split),
+                        next.rules.get(RULE).map_or(0, |r| r.keys.len())
+                    );
+                }
                 if !is_noop(&c.state, &next) {
                     self.publish(now, next);
                 }
@@ -601,6 +689,7 @@ impl Engine {
 
     fn transition(&mut self, now: i64) {
         self.region_inputs(now);
+        let in_window = self.in_window(now);
         let Some(c) = self.coordinator.as_ref() else {
             return;
         };
@@ -609,8 +698,15 @@ impl Engine {
             regions: &c.inputs,
             rules: &c.policy,
             demand: None,
+            in_window: in_window.as_ref(),
         };
         let next = rebalance(&c.state, &round, &self.scenario.coordinator.config);
+            eprintln!(
+                "trans t={now} iw={:?} split={:?}",
+                in_window,
+                next.rules.get(RULE).map(|r| &r.split)
+            );
+        }
         if !is_noop(&c.state, &next) {
             self.publish(now, next);
         }
@@ -693,11 +789,11 @@ impl Engine {
                     limit,
                     fallback: fallback_share(self.regions[r].static_share, s.rule.fallback),
                     split: Some(split[r]),
-                    split_immediate: false,
                     keys: entries
                         .iter()
                         .map(|(k, a)| ((*k).clone(), Some(a[r])))
                         .collect(),
+                    ..Default::default()
                 }],
                 removed_rules: Vec::new(),
             });
@@ -803,6 +899,7 @@ impl Engine {
                 }
                 let (keys, remainder, _) = bound_report(keys, top_n);
                 let epoch = pod.table.epoch();
+                let used = self.window_use(r, p, t);
                 out.push((
                     t + self.scenario.regions[r].latency_ms,
                     Event::Report {
@@ -812,6 +909,7 @@ impl Engine {
                         remainder,
                         interval_ms,
                         epoch,
+                        used,
                     },
                 ));
             }
@@ -879,6 +977,13 @@ impl Engine {
                                 .admit(key, k, self.params.get(limit), now_us);
                         admitted += got;
                         let pod = &mut region.pods[p];
+                        if got > 0 {
+                            let count = limit.saturating_sub(remaining);
+                            pod.seen = match pod.seen {
+                                (w, c) if w == window => (w, c.max(count)),
+                                _ => (window, count),
+                            };
+                        }
                         let e = pod.asked.entry(key).or_default();
                         e.0 += k;
                         e.1 += got;
