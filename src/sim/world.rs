@@ -660,13 +660,6 @@ impl Engine {
                     in_window: in_window.as_ref(),
                 };
                 let next = rebalance(&c.state, &round, &self.scenario.coordinator.config);
-                    eprintln!(
-                        "round t={now} iw={:?} split={:?} keys={}",
-                        in_window,
-                        next.rules.get(RULE).map(|r| &r.split),
-                        next.rules.get(RULE).map_or(0, |r| r.keys.len())
-                    );
-                }
                 if !is_noop(&c.state, &next) {
                     self.publish(now, next);
                 }
@@ -701,12 +694,6 @@ impl Engine {
             in_window: in_window.as_ref(),
         };
         let next = rebalance(&c.state, &round, &self.scenario.coordinator.config);
-            eprintln!(
-                "trans t={now} iw={:?} split={:?}",
-                in_window,
-                next.rules.get(RULE).map(|r| &r.split)
-            );
-        }
         if !is_noop(&c.state, &next) {
             self.publish(now, next);
         }
