@@ -195,3 +195,120 @@ fn a_bad_scenario_names_the_file_the_field_and_the_reason() {
     let e = Scenario::parse("x.toml", &bad).expect_err("not simulated");
     assert_eq!(e.field, "rule.algorithm");
 }
+
+/// One region's faults in a random world: `(from_s, len_s)` cut-offs from
+/// the coordinator and failures (pods restart with empty tables).
+#[derive(Debug, Clone)]
+struct RegionPlan {
+    pods: usize,
+    latency_ms: i64,
+    cuts: Vec<(i64, i64)>,
+    failures: Vec<(i64, i64)>,
+}
+
+fn region_plan() -> impl proptest::strategy::Strategy<Value = RegionPlan> {
+    use proptest::prelude::*;
+    (
+        1usize..=3,
+        1i64..400,
+        prop::collection::vec((5i64..150, 1i64..40), 0..3),
+        prop::collection::vec((5i64..150, 1i64..20), 0..2),
+    )
+        .prop_map(|(pods, latency_ms, cuts, failures)| RegionPlan {
+            pods,
+            latency_ms,
+            cuts,
+            failures,
+        })
+}
+
+/// A random world for the property below, as a scenario file.
+#[allow(clippy::too_many_arguments)]
+fn random_world(
+    regions: &[RegionPlan],
+    limit: u64,
+    period_s: i64,
+    lease_s: i64,
+    loss: f64,
+    rate: f64,
+    shifts: &[(i64, usize)],
+    outages: &[(i64, i64)],
+) -> String {
+    let names = ["r0", "r1", "r2"];
+    let spans = |v: &[(i64, i64)]| {
+        let items: Vec<String> = v
+            .iter()
+            .map(|(from, len)| format!("{{ from_s = {from}, to_s = {} }}", from + len))
+            .collect();
+        format!("[{}]", items.join(", "))
+    };
+    let mut toml = format!(
+        "name = \"random\"\nduration_s = 200\nstep_ms = 100\n\n[rule]\nalgorithm = \"fixed_window\"\nlimit = {limit}\nperiod_s = {period_s}\npartition = \"strict\"\n\n[coordinator]\nrebalance_interval_s = 2\nround_lead_ms = 500\nreport_interval_s = 1\nreport_loss = {loss}\nlease_s = {lease_s}\nsuspect_after_s = 2\noutages = {}\n",
+        spans(outages)
+    );
+    for (i, r) in regions.iter().enumerate() {
+        toml += &format!(
+            "\n[[region]]\nname = \"{}\"\npods = {}\nlatency_ms = {}\npartitions = {}\nfailures = {}\n",
+            names[i],
+            r.pods,
+            r.latency_ms,
+            spans(&r.cuts),
+            spans(&r.failures)
+        );
+    }
+    let mix = |hot: usize| {
+        let parts: Vec<String> = (0..regions.len())
+            .map(|i| format!("{} = {}", names[i], if i == hot { 0.8 } else { 0.2 }))
+            .collect();
+        format!("{{ {} }}", parts.join(", "))
+    };
+    toml += &format!(
+        "\n[traffic]\ncustomers = 2\nrate = {rate}\nmix = {}\n",
+        mix(0)
+    );
+    for (at, hot) in shifts {
+        toml += &format!(
+            "\n[[traffic.shift]]\nat_s = {at}\nmix = {}\n",
+            mix(hot % regions.len())
+        );
+    }
+    toml
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// In-window re-grants, shrinks applied at once, leases lapsing and
+    /// resuming, snapshots after reconnects, lost reports, pods restarting:
+    /// whatever the network does, no fixed window admits more than `L`.
+    #[test]
+    fn no_window_admits_more_than_the_limit_whatever_the_network_does(
+        regions in proptest::collection::vec(region_plan(), 2..=3),
+        limit in 20u64..2_000,
+        period_s in 1i64..6,
+        lease_s in 3i64..12,
+        loss in 0.0f64..0.3,
+        rate_x in 0.3f64..3.0,
+        shifts in proptest::collection::vec((5i64..190, 0usize..3), 0..6),
+        outages in proptest::collection::vec((5i64..190, 1i64..15), 0..2),
+        seed in 0u64..1_000,
+    ) {
+        // Customers ask about `rate_x` × their limit per period in total.
+        let rate = rate_x * limit as f64 / period_s as f64;
+        let text = random_world(&regions, limit, period_s, lease_s, loss, rate, &shifts, &outages);
+        let scenario = match Scenario::parse("random.toml", &text) {
+            Ok(s) => s,
+            Err(e) => panic!("{e}\n{text}"),
+        };
+        let run = simulate(scenario, seed, &mut |_| {});
+        let meridian = of(&run, Strategy::Meridian);
+        for w in &meridian.windows {
+            proptest::prop_assert!(
+                w.bound_excess <= 0,
+                "window at {} s admitted {} over L = {limit}\n{text}",
+                w.start_ms / 1000,
+                w.bound_excess
+            );
+        }
+    }
+}

@@ -10,7 +10,7 @@
 //! acknowledgements, which only delays grows (shrinks stay counted at their
 //! old value until pods report again).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,12 +22,13 @@ use super::api::now_unix_ms;
 use super::node::{Node, Write};
 use super::raft::storage::Applied;
 use super::state::{Command, RegionState, Registry, Stage};
+use crate::algorithm::Algorithm;
 use crate::allocation::demand::{AckTracker, DemandTracker, KeyDemand, Pace};
 use crate::allocation::rebalance::{Round, is_noop, rebalance};
-use crate::allocation::{self, Millis, RegionInput, RegionStatus, RulePolicy};
+use crate::allocation::{self, InWindow, Millis, RegionInput, RegionStatus, RulePolicy, WindowUse};
 use crate::proto::meridian::v1 as pb;
 use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
-use crate::rules::{RuleFile, RuleSet, Scope};
+use crate::rules::{Accuracy, RuleFile, RuleSet, Scope};
 
 /// gRPC metadata marking a report relayed by another node.
 pub const FORWARDED: &str = "x-meridian-forwarded";
@@ -77,6 +78,9 @@ struct Policies {
     version: Option<u64>,
     rules: Vec<RulePolicy>,
     period_ms: HashMap<String, u64>,
+    /// Rules counted exactly in fixed windows → period: regions report
+    /// their window use for these, and they may be re-divided within a window.
+    counted_ms: BTreeMap<String, u64>,
 }
 
 impl Allocator {
@@ -170,6 +174,15 @@ impl Allocator {
         inbox
             .acks
             .record(&report.pod, &report.region, report.epoch, now);
+        for u in &report.used {
+            let used = WindowUse {
+                count: u.count,
+                cap: u.cap,
+            };
+            inbox
+                .acks
+                .record_use(&report.pod, &u.rule, u.window_start_unix_ms, used);
+        }
         let after = inbox
             .acks
             .region(&report.region, now, self.config.rebalancer.lease_ms)
@@ -307,12 +320,13 @@ impl Allocator {
             }
             inbox.acks.forget_before(now - 2 * cfg.lease_ms);
             let regions = region_inputs(&applied.registry, &inbox.acks, now, cfg.lease_ms);
+            let in_window = in_window(&policies, &regions, &inbox.acks, now, cfg.lease_ms);
             let round = Round {
                 now_ms: now,
                 regions: &regions,
                 rules: &policies.rules,
                 demand: (full || top_up).then_some(&inbox.demand),
-                in_window: None,
+                in_window: Some(&in_window),
             };
             let next = rebalance(&applied.registry.allocations, &round, cfg);
             (next, std::mem::take(&mut inbox.unknown_regions))
@@ -445,6 +459,45 @@ fn refresh_policies(policies: &mut Policies, registry: &Registry) {
         policies
             .period_ms
             .insert(rule.id.clone(), params.period().as_millis() as u64);
+        if params.algorithm() == Algorithm::FixedWindow && rule.accuracy == Accuracy::Exact {
+            policies
+                .counted_ms
+                .insert(rule.id.clone(), params.period().as_millis() as u64);
+        }
     }
     policies.rules.sort_by(|a, b| a.rule.cmp(&b.rule));
+}
+
+/// The current window's use of every counted rule in every region, from the
+/// pods' reports; `complete` only when every pod heard within the lease
+/// reported for this window.
+fn in_window(
+    policies: &Policies,
+    regions: &[RegionInput],
+    acks: &AckTracker,
+    now: Millis,
+    within_ms: i64,
+) -> BTreeMap<String, InWindow> {
+    policies
+        .counted_ms
+        .iter()
+        .filter(|(_, period)| **period > 0)
+        .map(|(rule, period)| {
+            let p = *period as Millis;
+            let start = now.div_euclid(p) * p;
+            let mut window = InWindow {
+                until_ms: start + p,
+                regions: Vec::with_capacity(regions.len()),
+                complete: true,
+            };
+            for r in regions {
+                let (used, all) = acks
+                    .region_use(&r.name, rule, start, now, within_ms)
+                    .unwrap_or_default();
+                window.complete &= all;
+                window.regions.push(used);
+            }
+            (rule.clone(), window)
+        })
+        .collect()
 }

@@ -9,6 +9,7 @@
 //! global rule is enforced at its whole limit (one region).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -21,7 +22,7 @@ use crate::allocation::table::{RegionUpdate, Table};
 use crate::allocation::{Millis, TOP_UP_AT};
 use crate::proto::meridian::v1 as pb;
 use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
-use crate::rules::{Rule, RuleSet, Scope};
+use crate::rules::{Accuracy, Rule, RuleSet, Scope};
 
 /// Keys per rule in one report; the rest is summed into a remainder.
 pub const REPORT_TOP_KEYS: usize = 1_000;
@@ -50,6 +51,62 @@ pub struct Global {
     table: RwLock<Table>,
     demand: Mutex<Demand>,
     wake: Notify,
+    /// Rules counted exactly in fixed windows → their period (ms): the ones
+    /// whose window use is reported (see [`crate::allocation::WindowUse`]).
+    counted: RwLock<HashMap<String, u64>>,
+    flight: Flight,
+}
+
+/// Checks under way, so a report can wait for those that read the table
+/// before it changed: their counts belong in the window use it reports.
+///
+/// A check enters under the current era; [`Flight::drain`] starts a new era
+/// and waits until the old one's checks have left. Drains are serialised
+/// (one reporter task), so a slot is never shared by two live eras.
+#[derive(Default)]
+struct Flight {
+    era: AtomicU64,
+    inside: [AtomicU64; 2],
+}
+
+/// Leaves the flight when dropped (also when a check fails or is cancelled).
+pub struct InFlight<'a> {
+    slot: &'a AtomicU64,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.slot.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Flight {
+    fn enter(&self) -> InFlight<'_> {
+        loop {
+            let era = self.era.load(Ordering::SeqCst);
+            let slot = &self.inside[(era & 1) as usize];
+            slot.fetch_add(1, Ordering::SeqCst);
+            if self.era.load(Ordering::SeqCst) == era {
+                return InFlight { slot };
+            }
+            slot.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Waits (at most `limit`) for every check that entered before now to
+    /// leave; false if some did not in time.
+    async fn drain(&self, limit: Duration) -> bool {
+        let era = self.era.fetch_add(1, Ordering::SeqCst);
+        let slot = &self.inside[(era & 1) as usize];
+        let start = Instant::now();
+        while slot.load(Ordering::SeqCst) != 0 {
+            if start.elapsed() >= limit {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        true
+    }
 }
 
 #[derive(Default)]
@@ -59,6 +116,9 @@ struct Demand {
     since: Option<Instant>,
     top_ups: Vec<pb::TopUp>,
     last_top_up: HashMap<(String, String), Instant>,
+    /// Counted rule → (window start, the most any key was admitted in it),
+    /// as this pod's checks saw the count.
+    seen: HashMap<String, (Millis, u64)>,
 }
 
 /// Unix milliseconds, from the clock the store's embedded path uses.
@@ -90,7 +150,26 @@ impl Global {
             table: RwLock::new(Table::default()),
             demand: Mutex::new(Demand::default()),
             wake: Notify::new(),
+            counted: RwLock::new(HashMap::new()),
+            flight: Flight::default(),
         }
+    }
+
+    /// Marks a check of `rule` as under way until the guard drops; `None`
+    /// for rules this region does not count against an allocation.
+    pub fn flight(&self, rule: &Rule) -> Option<InFlight<'_>> {
+        self.is_global(rule).then(|| self.flight.enter())
+    }
+
+    /// Rules whose window use this pod reports: exact fixed windows, where a
+    /// decision's `limit − remaining` is the key's count in the window.
+    fn counted_window_ms(rule: &Rule) -> Option<u64> {
+        let params = rule.params.as_ref()?;
+        (rule.scope == Scope::Global
+            && params.algorithm() == Algorithm::FixedWindow
+            && rule.accuracy == Accuracy::Exact)
+            .then(|| params.period().as_millis() as u64)
+            .filter(|p| *p > 0)
     }
 
     /// A limiter that takes no allocations (rules from files, the library).
@@ -177,6 +256,18 @@ impl Global {
         }
         let asked = *hits;
         let used = limit.saturating_sub(remaining);
+        if allowed && let Some(period) = Self::counted_window_ms(rule) {
+            let p = period as Millis;
+            let start = now_ms().div_euclid(p) * p;
+            match demand.seen.get_mut(rule.id.as_str()) {
+                Some(seen) if seen.0 == start => seen.1 = seen.1.max(used),
+                Some(seen) if seen.0 < start => *seen = (start, used),
+                Some(_) => {}
+                None => {
+                    demand.seen.insert(rule.id.clone(), (start, used));
+                }
+            }
+        }
         if limit == 0 || (used as f64) < TOP_UP_AT * limit as f64 {
             return;
         }
@@ -214,9 +305,15 @@ impl Global {
         self.wake.notify_one();
     }
 
-    /// Applies an allocation update from the coordinator stream.
-    pub fn apply(&self, update: &pb::AllocationUpdate, rules: &RuleSet) {
+    /// Applies an allocation update from the coordinator stream. True when
+    /// it raised a value at once (a grant within the window): keys the
+    /// over-limit cache holds as denied until the window ends may pass now.
+    pub fn apply(&self, update: &pb::AllocationUpdate, rules: &RuleSet) -> bool {
         let update = RegionUpdate::from(update);
+        *self.counted.write().unwrap_or_else(|p| p.into_inner()) = rules
+            .rules()
+            .filter_map(|r| Some((r.id.clone(), Self::counted_window_ms(r)?)))
+            .collect();
         let window = |id: &str| {
             let params = rules.rule(id)?.params.as_ref()?;
             windowed(params.algorithm()).then(|| params.period().as_millis() as u64)
@@ -226,6 +323,14 @@ impl Global {
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
                 .apply(&update, now_ms(), window);
+        let now = now_ms();
+        let holds = |until: Millis| until == 0 || now < until;
+        let raised_now = update.rules.iter().any(|r| {
+            (r.split_now.immediate && holds(r.split_now.until_ms))
+                || r.keys_now
+                    .iter()
+                    .any(|(_, n)| n.immediate && holds(n.until_ms))
+        });
         match result {
             Ok(()) => {
                 gauge!("meridian_allocation_epoch").set(update.epoch as f64);
@@ -238,10 +343,12 @@ impl Global {
                 );
                 // Acknowledge at once: grows elsewhere wait for it.
                 self.wake.notify_one();
+                raised_now
             }
             Err(refused) => {
                 counter!("meridian_allocation_stale_updates_total").increment(1);
                 tracing::debug!(?refused, "allocation update ignored");
+                false
             }
         }
     }
@@ -262,6 +369,7 @@ impl Global {
             top_ups,
             ..Default::default()
         };
+        report.used = self.window_use(&demand);
         if !with_demand {
             return report;
         }
@@ -304,6 +412,33 @@ impl Global {
         report
     }
 
+    /// What this pod saw of each counted rule's current window, and the
+    /// largest value it enforces for it now.
+    fn window_use(&self, demand: &Demand) -> Vec<pb::WindowUse> {
+        let now = now_ms();
+        let table = self.table.read().unwrap_or_else(|p| p.into_inner());
+        let counted = self.counted.read().unwrap_or_else(|p| p.into_inner());
+        let mut used: Vec<pb::WindowUse> = counted
+            .iter()
+            .filter_map(|(rule, period)| {
+                let p = *period as Millis;
+                let start = now.div_euclid(p) * p;
+                let count = match demand.seen.get(rule) {
+                    Some((s, c)) if *s == start => *c,
+                    _ => 0,
+                };
+                Some(pb::WindowUse {
+                    rule: rule.clone(),
+                    window_start_unix_ms: start,
+                    count,
+                    cap: table.window_cap(rule, now)?,
+                })
+            })
+            .collect();
+        used.sort_by(|a, b| a.rule.cmp(&b.rule));
+        used
+    }
+
     /// Sends demand every `interval`, and an acknowledgement (with any
     /// top-ups) as soon as an epoch is applied or a top-up is due. A report
     /// that cannot be delivered is dropped: demand is a rate, the next one
@@ -318,7 +453,14 @@ impl Global {
                 _ = tick.tick() => true,
                 () = self.wake.notified() => false,
             };
-            let report = self.take_report(with_demand);
+            // Checks that read the table before it changed are counted
+            // first; if some take too long, the window use is left out (the
+            // centre then grants nothing within the window).
+            let drained = self.flight.drain(Duration::from_millis(200)).await;
+            let mut report = self.take_report(with_demand);
+            if !drained {
+                report.used.clear();
+            }
             for _ in 0..coordinators.len().max(1) {
                 let c = match &client {
                     Some(c) => c.clone(),

@@ -202,8 +202,10 @@ impl Feed {
                 }
             }
             // After the rules: a new global rule's window must be known.
-            if let Some(allocations) = &update.allocations {
-                self.global.apply(allocations, &source.current());
+            if let Some(allocations) = &update.allocations
+                && self.global.apply(allocations, &source.current())
+            {
+                on_change();
             }
         }
         Ok(())

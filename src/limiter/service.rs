@@ -194,6 +194,7 @@ impl Limiter {
         if check.limit.is_some() {
             return self.engine.check(check).await;
         }
+        let _in_flight = self.global.flight(check.rule);
         let verdict = match self.global.limit(check.rule, check.counter_key)? {
             GlobalLimit::Rule => return self.engine.check(check).await,
             GlobalLimit::Allocated(params) => {
