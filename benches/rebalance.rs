@@ -80,6 +80,7 @@ fn rebalance_1m(c: &mut Criterion) {
         limit: 1_000,
         partition: Partition::Strict,
         fallback: 0.5,
+        window_ms: Some(60_000),
     }];
     let config = Config::default();
     let state = Allocations::default();

@@ -63,6 +63,8 @@ mod allocation_wire {
                         split_immediate: r.split_now.immediate,
                         split_shrink_now: r.split_now.shrink_now,
                         split_now_until_unix_ms: r.split_now.until_ms,
+                        split_before: r.split_now.starting.map(|(v, _)| v),
+                        split_before_until_unix_ms: r.split_now.starting.map_or(0, |(_, t)| t),
                         keys: r
                             .keys
                             .iter()
@@ -78,6 +80,8 @@ mod allocation_wire {
                                     immediate: now.immediate,
                                     shrink_now: now.shrink_now,
                                     now_until_unix_ms: now.until_ms,
+                                    before: now.starting.map(|(v, _)| v),
+                                    before_until_unix_ms: now.starting.map_or(0, |(_, t)| t),
                                 }
                             })
                             .collect(),
@@ -86,6 +90,10 @@ mod allocation_wire {
                 removed_rules: u.removed_rules.clone(),
             }
         }
+    }
+
+    fn starting(before: Option<u64>, until: i64) -> Option<(u64, i64)> {
+        before.filter(|_| until > 0).map(|v| (v, until))
     }
 
     impl From<&pb::AllocationUpdate> for RegionUpdate {
@@ -106,17 +114,19 @@ mod allocation_wire {
                             immediate: r.split_immediate,
                             shrink_now: r.split_shrink_now,
                             until_ms: r.split_now_until_unix_ms,
+                            starting: starting(r.split_before, r.split_before_until_unix_ms),
                         },
                         keys: r.keys.iter().map(|k| (k.key.clone(), k.value)).collect(),
                         keys_now: r
                             .keys
                             .iter()
-                            .filter(|k| k.immediate || k.shrink_now)
+                            .filter(|k| k.immediate || k.shrink_now || k.before.is_some())
                             .map(|k| {
                                 let now = Now {
                                     immediate: k.immediate,
                                     shrink_now: k.shrink_now,
                                     until_ms: k.now_until_unix_ms,
+                                    starting: starting(k.before, k.before_until_unix_ms),
                                 };
                                 (k.key.clone(), now)
                             })

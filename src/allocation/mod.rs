@@ -143,6 +143,9 @@ pub struct RulePolicy {
     pub partition: Partition,
     /// Share of the static allocation a region keeps when its lease lapses.
     pub fallback: f64,
+    /// The window of a windowed algorithm (values switch at its
+    /// boundaries); `None` for buckets.
+    pub window_ms: Option<u64>,
 }
 
 /// One region's allocation within a rule or key.
@@ -173,6 +176,14 @@ pub struct Slot {
     /// end (capacity never issued can be used at any time).
     #[serde(default)]
     pub now_until_ms: Millis,
+    /// Until `before_until_ms` (the boundary after a grow that waits for it),
+    /// what the region enforced when that window began: a pod that starts
+    /// before the boundary (a restart, a new pod) holds no old value to keep
+    /// and takes this one, so it never takes the grow early.
+    #[serde(default)]
+    pub before: u64,
+    #[serde(default)]
+    pub before_until_ms: Millis,
 }
 
 /// What one region may admit in the current window of a rule counted in

@@ -181,6 +181,8 @@ struct Scratch {
     demand: Vec<f64>,
     target: Vec<u64>,
     slots: Vec<Slot>,
+    /// `granted` before a transition.
+    old: Vec<u64>,
     fill: Fill,
 }
 
@@ -298,12 +300,20 @@ fn step_rule(
         .in_window
         .and_then(|w| w.get(&policy.rule))
         .filter(|_| !view.lapsed.iter().any(|l| *l));
+    scratch.old.clear();
+    scratch.old.extend(scratch.slots.iter().map(|s| s.granted));
     transition_tracked(
         &mut scratch.slots,
         limit,
         epoch,
         Some(&mut rule.high_water),
         in_window,
+    );
+    remember_window_start(
+        &mut scratch.slots,
+        &scratch.old,
+        round.now_ms,
+        policy.window_ms,
     );
     store(&mut rule.split, &names, &scratch.slots);
 
@@ -381,7 +391,15 @@ fn step_rule(
             load(&entry.shares, &names, &mut scratch.slots);
             settle(&mut scratch.slots, view, &names, acked);
             retarget(&mut scratch.slots, &target, view, limit, config);
+            scratch.old.clear();
+            scratch.old.extend(scratch.slots.iter().map(|s| s.granted));
             transition_tracked(&mut scratch.slots, limit, epoch, None, in_window);
+            remember_window_start(
+                &mut scratch.slots,
+                &scratch.old,
+                round.now_ms,
+                policy.window_ms,
+            );
             store(&mut entry.shares, &names, &scratch.slots);
         }
         for (key, (target, demand)) in fresh {
@@ -403,7 +421,15 @@ fn step_rule(
                 slot.now_until_ms = 0;
             }
             retarget(&mut scratch.slots, &target, view, limit, config);
+            scratch.old.clear();
+            scratch.old.extend(scratch.slots.iter().map(|s| s.granted));
             transition_tracked(&mut scratch.slots, limit, epoch, None, in_window);
+            remember_window_start(
+                &mut scratch.slots,
+                &scratch.old,
+                round.now_ms,
+                policy.window_ms,
+            );
             store(&mut entry.shares, &names, &scratch.slots);
             keys.insert(key, entry);
         }
@@ -411,7 +437,15 @@ fn step_rule(
         for entry in keys.values_mut() {
             load(&entry.shares, &names, &mut scratch.slots);
             settle(&mut scratch.slots, view, &names, acked);
+            scratch.old.clear();
+            scratch.old.extend(scratch.slots.iter().map(|s| s.granted));
             transition_tracked(&mut scratch.slots, limit, epoch, None, in_window);
+            remember_window_start(
+                &mut scratch.slots,
+                &scratch.old,
+                round.now_ms,
+                policy.window_ms,
+            );
             store(&mut entry.shares, &names, &scratch.slots);
         }
     }
@@ -692,6 +726,27 @@ pub fn water_fill_into(
             }
             out[i] += 1;
             spare -= 1;
+        }
+    }
+}
+
+/// For each slot that grew at the next boundary (not at once), what the
+/// region enforced when the current window began (see [`Slot::before`]).
+/// A second change within the same window keeps the first one's record.
+fn remember_window_start(slots: &mut [Slot], old: &[u64], now: Millis, window_ms: Option<u64>) {
+    let Some(p) = window_ms.filter(|p| *p > 0).map(|p| p as Millis) else {
+        return;
+    };
+    let end = (now.div_euclid(p) + 1) * p;
+    for (slot, old) in slots.iter_mut().zip(old) {
+        if slot.granted <= *old {
+            continue;
+        }
+        if slot.immediate {
+            slot.before_until_ms = 0;
+        } else if slot.before_until_ms != end {
+            slot.before = *old;
+            slot.before_until_ms = end;
         }
     }
 }

@@ -60,6 +60,9 @@ pub struct Now {
     /// window they were decided for): a pod that gets the update later — a
     /// snapshot after a reconnect — switches at a boundary.
     pub until_ms: Millis,
+    /// For a pod that holds no value yet (it just started): the value to
+    /// enforce until the given boundary, the region's when the window began.
+    pub starting: Option<(u64, Millis)>,
 }
 
 impl Now {
@@ -68,11 +71,23 @@ impl Now {
             immediate: slot.immediate,
             shrink_now: slot.shrink_now,
             until_ms: slot.now_until_ms,
+            starting: (slot.before_until_ms > 0).then_some((slot.before, slot.before_until_ms)),
         }
     }
 
     fn is_set(&self) -> bool {
-        self.immediate || self.shrink_now
+        self.immediate || self.shrink_now || self.starting.is_some()
+    }
+
+    /// The value of a pod that held none before.
+    fn fresh(&self, v: u64, now_ms: Millis) -> Value {
+        match self.starting {
+            Some((before, until)) if now_ms < until && before < v => Value {
+                active: before,
+                next: Some((v, until)),
+            },
+            _ => Value::fresh(v),
+        }
     }
 
     fn holds(&self, now_ms: Millis) -> bool {
@@ -237,6 +252,8 @@ struct RuleView {
     /// split's: the old value holds until the window boundary, like any
     /// other change, or the key would jump to the split mid-window.
     retiring: HashMap<String, (Value, Millis)>,
+    /// Created by this update: its keys start fresh too.
+    fresh: bool,
 }
 
 impl RuleView {
@@ -323,9 +340,10 @@ impl Table {
                 .or_insert_with(|| RuleView {
                     limit: ru.limit,
                     fallback: ru.fallback,
-                    split: Value::fresh(ru.split.unwrap_or(0)),
+                    split: ru.split_now.fresh(ru.split.unwrap_or(0), now_ms),
                     keys: HashMap::new(),
                     retiring: HashMap::new(),
+                    fresh: true,
                 });
             view.retiring.retain(|_, (_, until)| now_ms < *until);
             view.limit = ru.limit;
@@ -350,8 +368,13 @@ impl Table {
                     view.retire(&key, now_ms, window);
                 }
             }
+            let fresh = std::mem::take(&mut view.fresh);
             for (key, value) in &ru.keys {
                 match value {
+                    Some(v) if fresh => {
+                        let val = key_now(key).fresh(*v, now_ms);
+                        view.keys.insert(key.clone(), val);
+                    }
                     Some(v) => match view.keys.get_mut(key) {
                         Some(existing) => existing.take(*v, key_now(key), now_ms, window),
                         None => {

@@ -5,7 +5,7 @@ use proptest::prelude::*;
 
 use super::demand::{AckTracker, DemandTracker, KeyDemand, Pace, bound_report};
 use super::rebalance::{Round, rebalance, transition, water_fill};
-use super::table::{RegionUpdate, RuleUpdate, Table, region_update};
+use super::table::{Now, RegionUpdate, RuleUpdate, Table, region_update};
 use super::*;
 
 const NAMES: [&str; 4] = ["a", "b", "c", "d"];
@@ -41,6 +41,7 @@ fn commit(
         regions,
         rules,
         demand,
+        in_window: None,
     };
     let next = rebalance(state, &round, config);
     let delta = state.diff(&next);
@@ -53,6 +54,7 @@ fn policy(limit: u64, partition: Partition) -> Vec<RulePolicy> {
         limit,
         partition,
         fallback: 0.5,
+        window_ms: Some(1_000),
     }]
 }
 
@@ -142,14 +144,14 @@ fn only_grows_from_never_issued_capacity_apply_at_once() {
         },
         Slot::default(),
     ];
-    super::rebalance::transition_tracked(&mut slots, 1000, 1, Some(&mut hw));
+    super::rebalance::transition_tracked(&mut slots, 1000, 1, Some(&mut hw), None);
     assert!(slots[0].immediate && slots[0].granted == 1000);
     // Hyderabad joins: its share was mumbai's, possibly in use this window.
     slots[0].target = 500;
     slots[1].target = 500;
-    super::rebalance::transition_tracked(&mut slots, 1000, 2, Some(&mut hw));
+    super::rebalance::transition_tracked(&mut slots, 1000, 2, Some(&mut hw), None);
     slots[0].bound = slots[0].granted;
-    super::rebalance::transition_tracked(&mut slots, 1000, 3, Some(&mut hw));
+    super::rebalance::transition_tracked(&mut slots, 1000, 3, Some(&mut hw), None);
     assert_eq!(slots[1].granted, 500);
     assert!(
         !slots[1].immediate,
@@ -168,7 +170,7 @@ fn only_grows_from_never_issued_capacity_apply_at_once() {
             ..Slot::default()
         },
     ];
-    super::rebalance::transition_tracked(&mut slots, 1000, 1, Some(&mut hw));
+    super::rebalance::transition_tracked(&mut slots, 1000, 1, Some(&mut hw), None);
     assert!(slots.iter().all(|s| s.immediate));
     assert_eq!(hw, 1000);
 }
@@ -802,4 +804,180 @@ fn scheduled_rounds_end_the_lead_before_each_multiple_of_the_interval() {
     // The lead is at most half the interval.
     assert_eq!(next_round_at(0, 2_000, 5_000), 1_000);
     assert_eq!(next_round_at(0, 2_000, 0), 2_000);
+}
+
+fn use_of(count: u64, cap: u64) -> WindowUse {
+    WindowUse { count, cap }
+}
+
+#[test]
+fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_grow() {
+    // M 600 / H 400 → M 300 / H 700, 10 s into a window in which M counted
+    // 120 and H 390.
+    let window = |m: WindowUse, h: WindowUse, complete| InWindow {
+        until_ms: 60_000,
+        regions: vec![m, h],
+        complete,
+    };
+    let mut slots = [
+        Slot {
+            granted: 600,
+            bound: 600,
+            target: 300,
+            ..Slot::default()
+        },
+        Slot {
+            granted: 400,
+            bound: 400,
+            target: 700,
+            ..Slot::default()
+        },
+    ];
+    let w = window(use_of(120, 600), use_of(390, 400), true);
+    super::rebalance::transition_tracked(&mut slots, 1000, 2, None, Some(&w));
+    assert!(slots[0].shrink_now, "M used 120 of the 300 it keeps");
+    assert_eq!(slots[0].now_until_ms, 60_000, "for this window only");
+    assert_eq!(slots[1].granted, 400, "nothing to grant before M acknowledges");
+
+    // M acknowledges with its pods at 300: H's grow applies at once.
+    slots[0].bound = slots[0].granted;
+    let w = window(use_of(130, 300), use_of(400, 400), true);
+    super::rebalance::transition_tracked(&mut slots, 1000, 3, None, Some(&w));
+    assert_eq!(slots[1].granted, 700);
+    assert!(slots[1].immediate && slots[1].now_until_ms == 60_000);
+
+    // The same with one pod of H not heard this window: at the boundary.
+    let mut late = slots;
+    late[1].granted = 400;
+    late[1].bound = 400;
+    let w = window(use_of(130, 300), use_of(400, 400), false);
+    super::rebalance::transition_tracked(&mut late, 1000, 3, None, Some(&w));
+    assert_eq!(late[1].granted, 700);
+    assert!(!late[1].immediate, "an unreported pod may enforce anything");
+
+    // M had already counted 450: its shrink waits for the boundary, and
+    // what it counted stays reserved this window.
+    let mut used = [
+        Slot {
+            granted: 600,
+            bound: 600,
+            target: 300,
+            ..Slot::default()
+        },
+        Slot {
+            granted: 400,
+            bound: 400,
+            target: 700,
+            ..Slot::default()
+        },
+    ];
+    let w = window(use_of(450, 600), use_of(390, 400), true);
+    super::rebalance::transition_tracked(&mut used, 1000, 2, None, Some(&w));
+    assert!(!used[0].shrink_now);
+    used[0].bound = used[0].granted;
+    super::rebalance::transition_tracked(&mut used, 1000, 3, None, Some(&w));
+    assert_eq!(used[1].granted, 700);
+    assert!(!used[1].immediate, "M may still admit up to 600 this window");
+}
+
+#[test]
+fn the_table_applies_now_flags_only_within_their_window() {
+    let w: Option<u64> = Some(60_000);
+    let t0: Millis = 1_800_000_000_000; // a minute boundary
+    let mut table = Table::default();
+    let mut first = update(1, t0 + 600_000, Some(600), vec![]);
+    first.full = true;
+    table.apply(&first, t0, |_| w).expect("first");
+    // A shrink-now lowers at once...
+    let mut shrink = update(2, t0 + 600_000, Some(300), vec![]);
+    shrink.rules[0].split_now = Now {
+        shrink_now: true,
+        until_ms: t0 + 60_000,
+        ..Now::default()
+    };
+    table.apply(&shrink, t0 + 10_000, |_| w).expect("shrink");
+    assert_eq!(table.limit("r", "k", t0 + 10_001), Some(300));
+    assert_eq!(table.window_cap("r", t0 + 10_001), Some(300));
+    // ...an immediate grow raises at once within its window...
+    let mut grow = update(3, t0 + 600_000, Some(400), vec![]);
+    grow.rules[0].split_now = Now {
+        immediate: true,
+        until_ms: t0 + 60_000,
+        ..Now::default()
+    };
+    table.apply(&grow, t0 + 20_000, |_| w).expect("grow");
+    assert_eq!(table.limit("r", "k", t0 + 20_001), Some(400));
+    // ...but the same flags arriving after their window switch at a boundary
+    // (a snapshot to a pod that reconnects later).
+    let mut late = update(4, t0 + 600_000, Some(500), vec![]);
+    late.full = true;
+    late.rules[0].split_now = Now {
+        immediate: true,
+        until_ms: t0 + 60_000,
+        ..Now::default()
+    };
+    table.apply(&late, t0 + 70_000, |_| w).expect("late");
+    assert_eq!(table.limit("r", "k", t0 + 70_001), Some(400));
+    assert_eq!(table.limit("r", "k", t0 + 120_000), Some(500));
+    // A shrink-now never raises a value (here: a pending lower one).
+    let mut low = update(5, t0 + 600_000, Some(450), vec![]);
+    low.rules[0].split_now = Now {
+        shrink_now: true,
+        until_ms: t0 + 180_000,
+        ..Now::default()
+    };
+    table.apply(&low, t0 + 130_000, |_| w).expect("low");
+    assert_eq!(table.limit("r", "k", t0 + 130_001), Some(450));
+
+    // A pod that starts while a grow waits for the boundary takes the value
+    // the region began the window with.
+    let mut fresh = Table::default();
+    let mut snapshot = update(6, t0 + 600_000, Some(700), vec![("hot", Some(900))]);
+    snapshot.full = true;
+    snapshot.rules[0].split_now = Now {
+        starting: Some((400, t0 + 60_000)),
+        ..Now::default()
+    };
+    snapshot.rules[0].keys_now = vec![(
+        "hot".into(),
+        Now {
+            starting: Some((800, t0 + 60_000)),
+            ..Now::default()
+        },
+    )];
+    fresh.apply(&snapshot, t0 + 30_000, |_| w).expect("snapshot");
+    assert_eq!(fresh.limit("r", "k", t0 + 30_001), Some(400));
+    assert_eq!(fresh.limit("r", "hot", t0 + 30_001), Some(800));
+    assert_eq!(fresh.limit("r", "k", t0 + 60_000), Some(700));
+    assert_eq!(fresh.limit("r", "hot", t0 + 60_000), Some(900));
+}
+
+#[test]
+fn a_region_use_is_complete_only_when_every_live_pod_reported_the_window() {
+    let mut acks = AckTracker::default();
+    acks.record("m-0", "m", 3, 1_000);
+    acks.record("m-1", "m", 3, 1_000);
+    acks.record_use("m-0", "r", 0, use_of(40, 300));
+    assert_eq!(
+        acks.region_use("m", "r", 0, 1_000, 5_000),
+        Some((use_of(40, 300), false))
+    );
+    acks.record_use("m-1", "r", 0, use_of(70, 250));
+    assert_eq!(
+        acks.region_use("m", "r", 0, 1_000, 5_000),
+        Some((use_of(70, 300), true))
+    );
+    // Another window: nothing known of it yet.
+    assert_eq!(
+        acks.region_use("m", "r", 60_000, 61_000, 100_000),
+        Some((use_of(0, 0), false))
+    );
+    // A pod silent for longer than `within` no longer counts.
+    acks.record("m-0", "m", 3, 9_000);
+    acks.record_use("m-0", "r", 0, use_of(50, 300));
+    assert_eq!(
+        acks.region_use("m", "r", 0, 9_000, 5_000),
+        Some((use_of(50, 300), true))
+    );
+    assert_eq!(acks.region_use("x", "r", 0, 9_000, 5_000), None);
 }

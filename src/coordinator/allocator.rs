@@ -455,6 +455,8 @@ fn refresh_policies(policies: &mut Policies, registry: &Registry) {
             limit: params.limit(),
             partition: rule.partition,
             fallback: rule.fallback,
+            window_ms: (!params.algorithm().has_burst())
+                .then(|| params.period().as_millis() as u64),
         });
         policies
             .period_ms

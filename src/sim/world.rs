@@ -236,6 +236,7 @@ impl Engine {
             limit: s.rule.limit,
             partition: s.rule.partition,
             fallback: s.rule.fallback,
+            window_ms: s.rule.windowed().then_some(s.rule.period_ms as u64),
         }];
         let coordinator =
             matches!(strategy, Strategy::Proportional | Strategy::Meridian).then(|| {
@@ -365,7 +366,19 @@ impl Engine {
 
     /// Advances to `t` and serves the step's requests.
     pub fn step(&mut self, t: i64, batches: &[Batch]) {
+        // What happened before `t` reached the pods before a failure that
+        // starts at `t` restarts them.
+        self.handle_until(t - 1);
         self.region_events(t);
+        self.handle_until(t);
+        if self.coordinator.is_some() {
+            self.resync(t);
+            self.send_reports(t);
+        }
+        self.serve(t, batches);
+    }
+
+    fn handle_until(&mut self, t: i64) {
         while let Some(entry) = self.events.first_entry() {
             if entry.key().0 > t {
                 break;
@@ -373,11 +386,6 @@ impl Engine {
             let ((at, _), event) = entry.remove_entry();
             self.handle(at, event);
         }
-        if self.coordinator.is_some() {
-            self.resync(t);
-            self.send_reports(t);
-        }
-        self.serve(t, batches);
     }
 
     /// Failures restart a region's pods (empty tables); available-mode cuts
