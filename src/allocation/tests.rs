@@ -837,7 +837,10 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
     super::rebalance::transition_tracked(&mut slots, 1000, 2, None, Some(&w));
     assert!(slots[0].shrink_now, "M used 120 of the 300 it keeps");
     assert_eq!(slots[0].now_until_ms, 60_000, "for this window only");
-    assert_eq!(slots[1].granted, 400, "nothing to grant before M acknowledges");
+    assert_eq!(
+        slots[1].granted, 400,
+        "nothing to grant before M acknowledges"
+    );
 
     // M acknowledges with its pods at 300: H's grow applies at once.
     slots[0].bound = slots[0].granted;
@@ -877,7 +880,10 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
     used[0].bound = used[0].granted;
     super::rebalance::transition_tracked(&mut used, 1000, 3, None, Some(&w));
     assert_eq!(used[1].granted, 700);
-    assert!(!used[1].immediate, "M may still admit up to 600 this window");
+    assert!(
+        !used[1].immediate,
+        "M may still admit up to 600 this window"
+    );
 }
 
 #[test]
@@ -945,7 +951,9 @@ fn the_table_applies_now_flags_only_within_their_window() {
             ..Now::default()
         },
     )];
-    fresh.apply(&snapshot, t0 + 30_000, |_| w).expect("snapshot");
+    fresh
+        .apply(&snapshot, t0 + 30_000, |_| w)
+        .expect("snapshot");
     assert_eq!(fresh.limit("r", "k", t0 + 30_001), Some(400));
     assert_eq!(fresh.limit("r", "hot", t0 + 30_001), Some(800));
     assert_eq!(fresh.limit("r", "k", t0 + 60_000), Some(700));
