@@ -70,19 +70,19 @@ fn steady_load_keeps_every_window_within_the_limit() {
 }
 
 #[test]
-fn a_shift_keeps_every_window_within_the_limit_and_meridian_rejects_less_than_static() {
+fn a_shift_keeps_every_window_within_the_limit_and_meridian_rejects_less_than_the_others() {
     let r = run(short("shift", 60));
     assert_bounds(&r);
-    // Not fewer than proportional share: in the window a step lands in,
-    // proportional re-divides mid-window — what also takes it above L.
-    assert_fewer_false_rejections(&r, &[Strategy::Static]);
+    // Proportional share re-divides mid-window (and so goes above L);
+    // Meridian re-grants within the window only what it can prove unused.
+    assert_fewer_false_rejections(&r, &[Strategy::Static, Strategy::Proportional]);
 }
 
 #[test]
-fn a_flash_crowd_keeps_every_window_within_the_limit() {
+fn a_flash_crowd_keeps_every_window_within_the_limit_and_meridian_rejects_less_than_the_others() {
     let r = run(short("flash-crowd", 70));
     assert_bounds(&r);
-    assert_fewer_false_rejections(&r, &[Strategy::Static]);
+    assert_fewer_false_rejections(&r, &[Strategy::Static, Strategy::Proportional]);
 }
 
 #[test]
@@ -276,7 +276,7 @@ fn random_world(
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
 
     /// In-window re-grants, shrinks applied at once, leases lapsing and
     /// resuming, snapshots after reconnects, lost reports, pods restarting:
