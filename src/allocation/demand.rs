@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use super::{Allocations, Epoch, Millis, TOP_UP_JUMP, WindowUse};
+use super::{Allocations, Epoch, Millis, RegionWindow, TOP_UP_JUMP, WindowUse};
 
 /// One report line: demand for a key (or the rest of a rule) over an interval.
 #[derive(Debug, Clone, PartialEq)]
@@ -448,11 +448,8 @@ impl AckTracker {
         }
     }
 
-    /// What `region`'s pods heard within `within_ms` saw of `rule` in the
-    /// window starting at `window_start_ms`: the largest count and cap, and
-    /// whether every one of them reported for that window — a pod that has
-    /// not may be enforcing anything it was ever sent. `None` when no pod
-    /// is live.
+    /// What `region`'s pods heard within `within_ms` reported of `rule`'s
+    /// window starting at `window_start_ms`.
     pub fn region_use(
         &self,
         region: &str,
@@ -460,23 +457,21 @@ impl AckTracker {
         window_start_ms: Millis,
         now_ms: Millis,
         within_ms: i64,
-    ) -> Option<(WindowUse, bool)> {
-        let mut out: Option<(WindowUse, bool)> = None;
+    ) -> RegionWindow {
+        let mut out = RegionWindow::default();
         for pod in self.pods.values().filter(|p| p.region == region) {
             if pod.at_ms < now_ms - within_ms {
                 continue;
             }
-            let (acc, complete) = out.get_or_insert((WindowUse::default(), true));
-            match pod
+            out.live += 1;
+            if let Some((_, _, u)) = pod
                 .used
                 .iter()
                 .find(|(r, start, _)| r == rule && *start == window_start_ms)
             {
-                Some((_, _, u)) => {
-                    acc.count = acc.count.max(u.count);
-                    acc.cap = acc.cap.max(u.cap);
-                }
-                None => *complete = false,
+                out.reported += 1;
+                out.used.count = out.used.count.max(u.count);
+                out.used.cap = out.used.cap.max(u.cap);
             }
         }
         out

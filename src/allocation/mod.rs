@@ -204,17 +204,41 @@ pub struct WindowUse {
     pub cap: u64,
 }
 
+/// What a region's live pods reported of the current window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RegionWindow {
+    /// The largest count and cap among the pods that reported.
+    pub used: WindowUse,
+    /// Pods heard recently, and how many of them reported this window.
+    pub live: usize,
+    pub reported: usize,
+}
+
+impl RegionWindow {
+    /// Every live pod reported: the region cannot admit more than
+    /// `max(count, cap)` this window. (A pod that has not may be enforcing
+    /// anything it was ever sent.)
+    pub fn known(&self) -> bool {
+        self.live > 0 && self.reported == self.live
+    }
+}
+
 /// A rule's in-window use in every region (indexed like `Round::regions`).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct InWindow {
     /// The end of the window the uses were counted in.
     pub until_ms: Millis,
-    pub regions: Vec<WindowUse>,
-    /// Every live pod of every region reported for this window. Only then
-    /// can anything be granted within it; a shrink may apply at once
-    /// whenever the counts heard so far fit under it (lowering a value is
-    /// always safe).
-    pub complete: bool,
+    pub regions: Vec<RegionWindow>,
+}
+
+impl InWindow {
+    /// Every region's use is known: only then can anything be granted within
+    /// the window. A shrink may apply at once when the counts its region's
+    /// pods reported so far fit under it — lowering a value is always safe;
+    /// the counts only keep it from denying what was already admitted.
+    pub fn complete(&self) -> bool {
+        self.regions.iter().all(RegionWindow::known)
+    }
 }
 
 /// Region name → slot.

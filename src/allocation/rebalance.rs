@@ -777,7 +777,9 @@ pub fn transition_tracked(
             slot.granted = slot.target;
             slot.since = epoch;
             slot.immediate = false;
-            slot.shrink_now = in_window.is_some_and(|w| w.regions[i].count <= slot.target);
+            slot.shrink_now = in_window
+                .map(|w| w.regions[i])
+                .is_some_and(|r| r.reported > 0 && r.used.count <= slot.target);
             slot.now_until_ms = match in_window {
                 Some(w) if slot.shrink_now => w.until_ms,
                 _ => 0,
@@ -786,10 +788,10 @@ pub fn transition_tracked(
     }
     // What each region may still admit this window: a shrink not yet
     // acknowledged counts at its old value (`bound`).
-    let complete = in_window.filter(|w| w.complete);
+    let complete = in_window.filter(|w| w.complete());
     let window_use = |i: usize, s: &Slot| {
         complete.map(|w| {
-            let u = w.regions[i];
+            let u = w.regions[i].used;
             u.count.max(u.cap).max(s.bound).max(s.granted)
         })
     };

@@ -814,10 +814,14 @@ fn use_of(count: u64, cap: u64) -> WindowUse {
 fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_grow() {
     // M 600 / H 400 → M 300 / H 700, 10 s into a window in which M counted
     // 120 and H 390.
-    let window = |m: WindowUse, h: WindowUse, complete| InWindow {
+    let heard = |used: WindowUse, reported: usize| RegionWindow {
+        used,
+        live: 2,
+        reported,
+    };
+    let window = |m: WindowUse, h: WindowUse, complete: bool| InWindow {
         until_ms: 60_000,
-        regions: vec![m, h],
-        complete,
+        regions: vec![heard(m, 2), heard(h, if complete { 2 } else { 1 })],
     };
     let mut slots = [
         Slot {
@@ -884,6 +888,29 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
         !used[1].immediate,
         "M may still admit up to 600 this window"
     );
+
+    // No pod of M heard this window (back from a partition): its count is
+    // unknown, so its shrink waits for the boundary.
+    let mut unheard = [
+        Slot {
+            granted: 600,
+            bound: 600,
+            target: 300,
+            ..Slot::default()
+        },
+        Slot {
+            granted: 400,
+            bound: 400,
+            target: 700,
+            ..Slot::default()
+        },
+    ];
+    let w = InWindow {
+        until_ms: 60_000,
+        regions: vec![heard(use_of(0, 0), 0), heard(use_of(390, 400), 2)],
+    };
+    super::rebalance::transition_tracked(&mut unheard, 1000, 2, None, Some(&w));
+    assert!(!unheard[0].shrink_now);
 }
 
 #[test]
@@ -966,26 +993,18 @@ fn a_region_use_is_complete_only_when_every_live_pod_reported_the_window() {
     acks.record("m-0", "m", 3, 1_000);
     acks.record("m-1", "m", 3, 1_000);
     acks.record_use("m-0", "r", 0, use_of(40, 300));
-    assert_eq!(
-        acks.region_use("m", "r", 0, 1_000, 5_000),
-        Some((use_of(40, 300), false))
-    );
+    let got = acks.region_use("m", "r", 0, 1_000, 5_000);
+    assert_eq!((got.used, got.known()), (use_of(40, 300), false));
     acks.record_use("m-1", "r", 0, use_of(70, 250));
-    assert_eq!(
-        acks.region_use("m", "r", 0, 1_000, 5_000),
-        Some((use_of(70, 300), true))
-    );
+    let got = acks.region_use("m", "r", 0, 1_000, 5_000);
+    assert_eq!((got.used, got.known()), (use_of(70, 300), true));
     // Another window: nothing known of it yet.
-    assert_eq!(
-        acks.region_use("m", "r", 60_000, 61_000, 100_000),
-        Some((use_of(0, 0), false))
-    );
+    let got = acks.region_use("m", "r", 60_000, 61_000, 100_000);
+    assert_eq!((got.reported, got.known()), (0, false));
     // A pod silent for longer than `within` no longer counts.
     acks.record("m-0", "m", 3, 9_000);
     acks.record_use("m-0", "r", 0, use_of(50, 300));
-    assert_eq!(
-        acks.region_use("m", "r", 0, 9_000, 5_000),
-        Some((use_of(50, 300), true))
-    );
-    assert_eq!(acks.region_use("x", "r", 0, 9_000, 5_000), None);
+    let got = acks.region_use("m", "r", 0, 9_000, 5_000);
+    assert_eq!((got.used, got.known()), (use_of(50, 300), true));
+    assert!(!acks.region_use("x", "r", 0, 9_000, 5_000).known());
 }

@@ -471,8 +471,7 @@ fn refresh_policies(policies: &mut Policies, registry: &Registry) {
 }
 
 /// The current window's use of every counted rule in every region, from the
-/// pods' reports; `complete` only when every pod heard within the lease
-/// reported for this window.
+/// reports of the pods heard within the lease.
 fn in_window(
     policies: &Policies,
     regions: &[RegionInput],
@@ -487,18 +486,13 @@ fn in_window(
         .map(|(rule, period)| {
             let p = *period as Millis;
             let start = now.div_euclid(p) * p;
-            let mut window = InWindow {
+            let window = InWindow {
                 until_ms: start + p,
-                regions: Vec::with_capacity(regions.len()),
-                complete: true,
+                regions: regions
+                    .iter()
+                    .map(|r| acks.region_use(&r.name, rule, start, now, within_ms))
+                    .collect(),
             };
-            for r in regions {
-                let (used, all) = acks
-                    .region_use(&r.name, rule, start, now, within_ms)
-                    .unwrap_or_default();
-                window.complete &= all;
-                window.regions.push(used);
-            }
             (rule.clone(), window)
         })
         .collect()

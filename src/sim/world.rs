@@ -613,23 +613,17 @@ impl Engine {
         let period = self.scenario.rule.period_ms;
         let start = abs(now).div_euclid(period) * period;
         let within = self.scenario.coordinator.config.lease_ms;
-        let mut complete = true;
-        let mut regions = Vec::new();
-        for r in &c.inputs {
-            let (u, all) = c
-                .acks
-                .region_use(&r.name, RULE, start, abs(now), within)
-                .unwrap_or_default();
-            complete &= all;
-            regions.push(u);
-        }
+        let regions = c
+            .inputs
+            .iter()
+            .map(|r| c.acks.region_use(&r.name, RULE, start, abs(now), within))
+            .collect();
         let mut map = BTreeMap::new();
         map.insert(
             RULE.to_string(),
             InWindow {
                 until_ms: start + period,
                 regions,
-                complete,
             },
         );
         Some(map)
