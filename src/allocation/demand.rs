@@ -405,9 +405,18 @@ fn widen(slots: &[f32], regions: usize) -> Box<[f32]> {
 }
 
 /// Which epoch each pod holds, from its reports and acknowledgements.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct AckTracker {
     pods: HashMap<String, PodAck>,
+    /// Silence after which a pod heard again counts as back from a
+    /// partition or a restart (`suspect_after`).
+    quiet_ms: i64,
+}
+
+impl Default for AckTracker {
+    fn default() -> Self {
+        AckTracker::new(super::Config::default().suspect_after_ms)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -417,16 +426,29 @@ struct PodAck {
     at_ms: Millis,
     /// Per rule: the window start and the pod's use of it, latest report.
     used: Vec<(String, Millis, WindowUse)>,
+    /// Heard without a silence longer than `quiet_ms` since then.
+    since_ms: Millis,
 }
 
 impl AckTracker {
+    pub fn new(quiet_ms: i64) -> AckTracker {
+        AckTracker {
+            pods: HashMap::new(),
+            quiet_ms,
+        }
+    }
+
     pub fn record(&mut self, pod: &str, region: &str, epoch: Epoch, now_ms: Millis) {
         let entry = self.pods.entry(pod.to_string()).or_insert(PodAck {
             region: region.to_string(),
             epoch,
             at_ms: now_ms,
             used: Vec::new(),
+            since_ms: now_ms,
         });
+        if now_ms - entry.at_ms > self.quiet_ms {
+            entry.since_ms = now_ms;
+        }
         entry.region = region.to_string();
         entry.epoch = epoch;
         entry.at_ms = entry.at_ms.max(now_ms);
@@ -464,6 +486,7 @@ impl AckTracker {
                 continue;
             }
             out.live += 1;
+            out.settled_since = out.settled_since.max(pod.since_ms);
             if let Some((_, _, u)) = pod
                 .used
                 .iter()

@@ -212,6 +212,8 @@ pub struct RegionWindow {
     /// Pods heard recently, and how many of them reported this window.
     pub live: usize,
     pub reported: usize,
+    /// Since when every live pod has been heard without a long silence.
+    pub settled_since: Millis,
 }
 
 impl RegionWindow {
@@ -226,20 +228,41 @@ impl RegionWindow {
 /// A rule's in-window use in every region (indexed like `Round::regions`).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct InWindow {
-    /// The end of the window the uses were counted in.
+    /// The window the uses were counted in.
+    pub start_ms: Millis,
     pub until_ms: Millis,
+    /// The part of the window gone when they were read (0.0–1.0).
+    pub elapsed: f64,
     pub regions: Vec<RegionWindow>,
 }
 
 impl InWindow {
     /// Every region's use is known: only then can anything be granted within
-    /// the window. A shrink may apply at once when the counts its region's
-    /// pods reported so far fit under it — lowering a value is always safe;
-    /// the counts only keep it from denying what was already admitted.
+    /// the window.
     pub fn complete(&self) -> bool {
         self.regions.iter().all(RegionWindow::known)
     }
+
+    /// Whether region `i` shrinking to `to` may apply at once: its pace so
+    /// far (what its pods reported) fits under `to` for the whole window,
+    /// with room for noise. Lowering a value is always safe; this keeps a
+    /// shrink from denying a region what it is still using — a target from
+    /// stale demand (a region back from a partition) would cut it off for
+    /// the rest of the window.
+    ///
+    /// Not for a region back from a partition or a restart this window: its
+    /// demand, and so its target, may be stale.
+    pub fn may_shrink_now(&self, i: usize, to: u64) -> bool {
+        let r = self.regions[i];
+        r.reported > 0
+            && r.settled_since <= self.start_ms
+            && r.used.count as f64 <= SHRINK_NOW_SLACK * to as f64 * self.elapsed
+    }
 }
+
+/// How far above its pro-rata share of a shrink's new value a region's count
+/// may be for the shrink to apply at once (see [`InWindow::may_shrink_now`]).
+pub const SHRINK_NOW_SLACK: f64 = 1.5;
 
 /// Region name → slot.
 pub type Shares = BTreeMap<String, Slot>;

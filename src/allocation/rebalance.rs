@@ -777,9 +777,7 @@ pub fn transition_tracked(
             slot.granted = slot.target;
             slot.since = epoch;
             slot.immediate = false;
-            slot.shrink_now = in_window
-                .map(|w| w.regions[i])
-                .is_some_and(|r| r.reported > 0 && r.used.count <= slot.target);
+            slot.shrink_now = in_window.is_some_and(|w| w.may_shrink_now(i, slot.target));
             slot.now_until_ms = match in_window {
                 Some(w) if slot.shrink_now => w.until_ms,
                 _ => 0,

@@ -812,15 +812,18 @@ fn use_of(count: u64, cap: u64) -> WindowUse {
 
 #[test]
 fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_grow() {
-    // M 600 / H 400 → M 300 / H 700, 10 s into a window in which M counted
-    // 120 and H 390.
+    // M 600 / H 400 → M 300 / H 700, 15 s into a 60 s window in which M
+    // counted 120 (its pace fits 300 for the window, with room for noise)
+    // and H 390.
     let heard = |used: WindowUse, reported: usize| RegionWindow {
         used,
         live: 2,
         reported,
     };
     let window = |m: WindowUse, h: WindowUse, complete: bool| InWindow {
+        start_ms: 0,
         until_ms: 60_000,
+        elapsed: 0.25,
         regions: vec![heard(m, 2), heard(h, if complete { 2 } else { 1 })],
     };
     let mut slots = [
@@ -862,8 +865,8 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
     assert_eq!(late[1].granted, 700);
     assert!(!late[1].immediate, "an unreported pod may enforce anything");
 
-    // M had already counted 450: its shrink waits for the boundary, and
-    // what it counted stays reserved this window.
+    // M had already counted 450 — at that pace 300 would cut it off: its
+    // shrink waits for the boundary, and what it counted stays reserved.
     let mut used = [
         Slot {
             granted: 600,
@@ -906,7 +909,9 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
         },
     ];
     let w = InWindow {
+        start_ms: 0,
         until_ms: 60_000,
+        elapsed: 0.25,
         regions: vec![heard(use_of(0, 0), 0), heard(use_of(390, 400), 2)],
     };
     super::rebalance::transition_tracked(&mut unheard, 1000, 2, None, Some(&w));

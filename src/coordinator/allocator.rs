@@ -88,6 +88,7 @@ impl Allocator {
         Arc::new(Allocator {
             inbox: Mutex::new(Inbox {
                 demand: DemandTracker::new(config.rebalancer.ewma_alpha),
+                acks: AckTracker::new(config.rebalancer.suspect_after_ms),
                 ..Inbox::default()
             }),
             node,
@@ -487,7 +488,9 @@ fn in_window(
             let p = *period as Millis;
             let start = now.div_euclid(p) * p;
             let window = InWindow {
+                start_ms: start,
                 until_ms: start + p,
+                elapsed: (now - start) as f64 / p as f64,
                 regions: regions
                     .iter()
                     .map(|r| acks.region_use(&r.name, rule, start, now, within_ms))

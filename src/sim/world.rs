@@ -248,7 +248,7 @@ impl Engine {
                 Coordinator {
                     state: Allocations::default(),
                     demand: DemandTracker::new(alpha),
-                    acks: AckTracker::default(),
+                    acks: AckTracker::new(s.coordinator.config.suspect_after_ms),
                     sent: s.regions.iter().map(|r| vec![None; r.pods]).collect(),
                     latest: vec![None; s.regions.len()],
                     last_roll: 0,
@@ -622,7 +622,9 @@ impl Engine {
         map.insert(
             RULE.to_string(),
             InWindow {
+                start_ms: start,
                 until_ms: start + period,
+                elapsed: (abs(now) - start) as f64 / period as f64,
                 regions,
             },
         );
