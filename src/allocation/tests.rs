@@ -813,12 +813,13 @@ fn use_of(count: u64, cap: u64) -> WindowUse {
 #[test]
 fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_grow() {
     // M 600 / H 400 → M 300 / H 700, 15 s into a 60 s window in which M
-    // counted 120 (its pace fits 300 for the window, with room for noise)
+    // counted 100 (its pace fits 300 for the window, with room for noise)
     // and H 390.
     let heard = |used: WindowUse, reported: usize| RegionWindow {
         used,
         live: 2,
         reported,
+        settled_since: 0,
     };
     let window = |m: WindowUse, h: WindowUse, complete: bool| InWindow {
         start_ms: 0,
@@ -840,9 +841,9 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
             ..Slot::default()
         },
     ];
-    let w = window(use_of(120, 600), use_of(390, 400), true);
+    let w = window(use_of(100, 600), use_of(390, 400), true);
     super::rebalance::transition_tracked(&mut slots, 1000, 2, None, Some(&w));
-    assert!(slots[0].shrink_now, "M used 120 of the 300 it keeps");
+    assert!(slots[0].shrink_now, "M used 100 of the 300 it keeps");
     assert_eq!(slots[0].now_until_ms, 60_000, "for this window only");
     assert_eq!(
         slots[1].granted, 400,
