@@ -69,6 +69,12 @@ struct Flight {
     inside: [AtomicU64; 2],
 }
 
+/// What the table held when a report began.
+struct Held {
+    epoch: u64,
+    caps: HashMap<String, u64>,
+}
+
 /// Leaves the flight when dropped (also when a check fails or is cancelled).
 pub struct InFlight<'a> {
     slot: &'a AtomicU64,
@@ -359,17 +365,40 @@ impl Global {
 
     /// The report to send now: demand since the last one (bounded per rule),
     /// pending top-ups, and the epoch held.
+    #[cfg(test)]
     fn take_report(&self, with_demand: bool) -> pb::DemandReport {
+        self.take_report_held(with_demand, self.held())
+    }
+
+    /// The epoch held and each counted rule's largest value, read together.
+    fn held(&self) -> Held {
+        let now = now_ms();
+        let table = self.table.read().unwrap_or_else(|p| p.into_inner());
+        let counted = self.counted.read().unwrap_or_else(|p| p.into_inner());
+        Held {
+            epoch: table.epoch(),
+            caps: counted
+                .keys()
+                .filter_map(|rule| Some((rule.clone(), table.window_cap(rule, now)?)))
+                .collect(),
+        }
+    }
+
+    /// The report for `held`, the epoch read before in-flight checks were
+    /// drained: only checks that may have read an older table were waited
+    /// for, so the report acknowledges no newer epoch, and a rule's cap is
+    /// the larger of its value then and now.
+    fn take_report_held(&self, with_demand: bool, held: Held) -> pb::DemandReport {
         let mut demand = self.demand();
         let top_ups = std::mem::take(&mut demand.top_ups);
         let mut report = pb::DemandReport {
             region: self.region.clone(),
             pod: self.pod.clone(),
-            epoch: self.epoch(),
+            epoch: held.epoch,
             top_ups,
             ..Default::default()
         };
-        report.used = self.window_use(&demand);
+        report.used = self.window_use(&demand, &held.caps);
         if !with_demand {
             return report;
         }
@@ -414,7 +443,11 @@ impl Global {
 
     /// What this pod saw of each counted rule's current window, and the
     /// largest value it enforces for it now.
-    fn window_use(&self, demand: &Demand) -> Vec<pb::WindowUse> {
+    fn window_use(
+        &self,
+        demand: &Demand,
+        caps_before: &HashMap<String, u64>,
+    ) -> Vec<pb::WindowUse> {
         let now = now_ms();
         let table = self.table.read().unwrap_or_else(|p| p.into_inner());
         let counted = self.counted.read().unwrap_or_else(|p| p.into_inner());
@@ -431,7 +464,9 @@ impl Global {
                     rule: rule.clone(),
                     window_start_unix_ms: start,
                     count,
-                    cap: table.window_cap(rule, now)?,
+                    cap: table
+                        .window_cap(rule, now)?
+                        .max(caps_before.get(rule).copied().unwrap_or(0)),
                 })
             })
             .collect();
@@ -456,8 +491,9 @@ impl Global {
             // Checks that read the table before it changed are counted
             // first; if some take too long, the window use is left out (the
             // centre then grants nothing within the window).
+            let held = self.held();
             let drained = self.flight.drain(Duration::from_millis(200)).await;
-            let mut report = self.take_report(with_demand);
+            let mut report = self.take_report_held(with_demand, held);
             if !drained {
                 report.used.clear();
             }
@@ -509,14 +545,59 @@ mod tests {
     use super::*;
     use crate::rules::RuleFile;
 
-    fn global_rule() -> Arc<Rule> {
+    fn global_rules() -> RuleSet {
         let text = "domain: d\ndescriptors:\n  - key: k\n    scope: global\n    rate_limit:\n      unit: minute\n      requests_per_unit: 10\n";
-        let set = RuleSet::parse(&[RuleFile {
+        RuleSet::parse(&[RuleFile {
             name: "r.yaml".into(),
             text: text.into(),
         }])
-        .expect("valid rules");
-        set.rules().next().expect("one rule").clone()
+        .expect("valid rules")
+    }
+
+    fn global_rule() -> Arc<Rule> {
+        global_rules().rules().next().expect("one rule").clone()
+    }
+
+    #[tokio::test]
+    async fn reports_carry_the_window_use_after_checks_in_flight_finish() {
+        let global = Global::new("r", "pod", true);
+        let rules = global_rules();
+        let rule = global_rule();
+        let update = pb::AllocationUpdate {
+            epoch: 1,
+            valid_until_unix_ms: now_ms() + 60_000,
+            full: true,
+            rules: vec![pb::RuleAllocation {
+                rule: rule.id.clone(),
+                limit: 10,
+                fallback: 2,
+                split: Some(6),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        global.apply(&update, &rules);
+
+        // A check under way: a drain waits for it, up to its limit.
+        let check = global.flight(&rule).expect("a global rule is tracked");
+        assert!(!global.flight.drain(Duration::from_millis(30)).await);
+        // Its decision: 4 of the 6 admitted so far this window.
+        global.record(&rule, "k", 1, true, 6, 2);
+        drop(check);
+        assert!(global.flight.drain(Duration::from_millis(30)).await);
+
+        let report = global.take_report(false);
+        assert_eq!(report.epoch, 1);
+        let used = &report.used[0];
+        assert_eq!(
+            (used.rule.as_str(), used.count, used.cap),
+            (rule.id.as_str(), 4, 6)
+        );
+        let period = 60_000;
+        assert_eq!(
+            used.window_start_unix_ms,
+            now_ms().div_euclid(period) * period
+        );
     }
 
     #[test]
