@@ -19,7 +19,8 @@ pub struct SimulateArgs {
     #[arg(value_name = "SCENARIO.toml")]
     scenarios: Vec<PathBuf>,
     /// Run every *.toml in DIR (sorted by name), write RESULTS.md into the
-    /// output folder and refresh the results section of DIR/README.md.
+    /// output folder and — when that folder lies inside DIR — refresh the
+    /// results section of DIR/README.md.
     #[arg(long, value_name = "DIR")]
     all: Option<PathBuf>,
     /// Seed of the traffic and of every random choice; same seed, same bytes.
@@ -115,10 +116,18 @@ fn refresh_readme(readme: &Path, out: &Path, tables: &str) -> Result<(), String>
         return Ok(());
     }
     let base = readme.parent().unwrap_or(Path::new(""));
-    let prefix = out
-        .strip_prefix(base)
-        .map(|p| format!("{}/", p.display()))
-        .unwrap_or_else(|_| format!("{}/", out.display()));
+    let Ok(relative) = out.strip_prefix(base) else {
+        // Results written elsewhere (a scratch folder) do not replace the
+        // ones the README links to.
+        eprintln!(
+            "{} left as is: {} is outside {}",
+            readme.display(),
+            out.display(),
+            base.display()
+        );
+        return Ok(());
+    };
+    let prefix = format!("{}/", relative.display());
     let linked = tables.replace("](", &format!("]({prefix}"));
     let updated = format!(
         "{}{BEGIN}\n\n{linked}{END}{}",
@@ -126,4 +135,27 @@ fn refresh_readme(readme: &Path, out: &Path, tables: &str) -> Result<(), String>
         &text[b + END.len()..]
     );
     std::fs::write(readme, updated).map_err(|e| format!("{}: {e}", readme.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_readme_links_results_inside_its_folder_and_ignores_a_scratch_folder() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let readme = dir.path().join("README.md");
+        let original = format!("intro\n{BEGIN}\nold\n{END}\nafter\n");
+        std::fs::write(&readme, &original).expect("write");
+        let tables = "![plot](shift/allocation.svg)\n";
+
+        let scratch = tempfile::tempdir().expect("scratch");
+        refresh_readme(&readme, scratch.path(), tables).expect("refresh");
+        assert_eq!(std::fs::read_to_string(&readme).expect("read"), original);
+
+        refresh_readme(&readme, &dir.path().join("results"), tables).expect("refresh");
+        let text = std::fs::read_to_string(&readme).expect("read");
+        assert!(text.contains("](results/shift/allocation.svg)"), "{text}");
+        assert!(!text.contains("old") && text.starts_with("intro") && text.ends_with("after\n"));
+    }
 }
