@@ -300,20 +300,17 @@ fn step_rule(
         .in_window
         .and_then(|w| w.get(&policy.rule))
         .filter(|_| !view.lapsed.iter().any(|l| *l));
-    scratch.old.clear();
-    scratch.old.extend(scratch.slots.iter().map(|s| s.granted));
-    transition_tracked(
-        &mut scratch.slots,
+    let moves = Moves {
         limit,
         epoch,
-        Some(&mut rule.high_water),
         in_window,
-    );
-    remember_window_start(
+        now_ms: round.now_ms,
+        window_ms: policy.window_ms,
+    };
+    moves.apply(
         &mut scratch.slots,
-        &scratch.old,
-        round.now_ms,
-        policy.window_ms,
+        &mut scratch.old,
+        Some(&mut rule.high_water),
     );
     store(&mut rule.split, &names, &scratch.slots);
 
@@ -391,15 +388,7 @@ fn step_rule(
             load(&entry.shares, &names, &mut scratch.slots);
             settle(&mut scratch.slots, view, &names, acked);
             retarget(&mut scratch.slots, &target, view, limit, config);
-            scratch.old.clear();
-            scratch.old.extend(scratch.slots.iter().map(|s| s.granted));
-            transition_tracked(&mut scratch.slots, limit, epoch, None, in_window);
-            remember_window_start(
-                &mut scratch.slots,
-                &scratch.old,
-                round.now_ms,
-                policy.window_ms,
-            );
+            moves.apply(&mut scratch.slots, &mut scratch.old, None);
             store(&mut entry.shares, &names, &scratch.slots);
         }
         for (key, (target, demand)) in fresh {
@@ -421,15 +410,7 @@ fn step_rule(
                 slot.now_until_ms = 0;
             }
             retarget(&mut scratch.slots, &target, view, limit, config);
-            scratch.old.clear();
-            scratch.old.extend(scratch.slots.iter().map(|s| s.granted));
-            transition_tracked(&mut scratch.slots, limit, epoch, None, in_window);
-            remember_window_start(
-                &mut scratch.slots,
-                &scratch.old,
-                round.now_ms,
-                policy.window_ms,
-            );
+            moves.apply(&mut scratch.slots, &mut scratch.old, None);
             store(&mut entry.shares, &names, &scratch.slots);
             keys.insert(key, entry);
         }
@@ -437,15 +418,7 @@ fn step_rule(
         for entry in keys.values_mut() {
             load(&entry.shares, &names, &mut scratch.slots);
             settle(&mut scratch.slots, view, &names, acked);
-            scratch.old.clear();
-            scratch.old.extend(scratch.slots.iter().map(|s| s.granted));
-            transition_tracked(&mut scratch.slots, limit, epoch, None, in_window);
-            remember_window_start(
-                &mut scratch.slots,
-                &scratch.old,
-                round.now_ms,
-                policy.window_ms,
-            );
+            moves.apply(&mut scratch.slots, &mut scratch.old, None);
             store(&mut entry.shares, &names, &scratch.slots);
         }
     }
@@ -727,6 +700,25 @@ pub fn water_fill_into(
             out[i] += 1;
             spare -= 1;
         }
+    }
+}
+
+/// One round's transition of a rule's slots (the split or a key entry).
+struct Moves<'a> {
+    limit: u64,
+    epoch: Epoch,
+    in_window: Option<&'a InWindow>,
+    now_ms: Millis,
+    window_ms: Option<u64>,
+}
+
+impl Moves<'_> {
+    /// [`transition_tracked`], then [`remember_window_start`] for what grew.
+    fn apply(&self, slots: &mut [Slot], old: &mut Vec<u64>, high_water: Option<&mut u64>) {
+        old.clear();
+        old.extend(slots.iter().map(|s| s.granted));
+        transition_tracked(slots, self.limit, self.epoch, high_water, self.in_window);
+        remember_window_start(slots, old, self.now_ms, self.window_ms);
     }
 }
 
