@@ -428,7 +428,11 @@ fn step_rule(
         let matches_split = names.iter().all(|n| {
             let e = entry.shares.get(*n).copied().unwrap_or_default();
             let s = rule.split.get(*n).copied().unwrap_or_default();
-            e.granted == s.granted && e.target == s.target && e.bound == e.granted
+            // Neither grew this window: a pod that starts now and has only
+            // the split to go by must not take more than the key had when
+            // the window began (see `Slot::before`).
+            let settled = e.before_until_ms <= round.now_ms && s.before_until_ms <= round.now_ms;
+            e.granted == s.granted && e.target == s.target && e.bound == e.granted && settled
         });
         let demanded = entry.demand.values().any(|d| *d > 0.0);
         demanded || !matches_split
