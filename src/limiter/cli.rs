@@ -255,6 +255,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     )
     .with_graceful_shutdown(stopped(stop_rx.clone()));
 
+    let shutdown = shutdown_signal();
     // Tests and scripts read this line to learn the ports.
     println!(
         "meridian limiter: region={} store={:?} grpc={grpc_addr} http={http_addr}",
@@ -263,7 +264,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     tracing::info!(region = %args.region, %grpc_addr, %http_addr, "limiter serving");
 
     let signals = tokio::spawn(async move {
-        shutdown_signal().await;
+        shutdown.await;
         tracing::info!("shutting down: draining in-flight requests");
         let _ = stop_tx.send(true);
     });
@@ -315,24 +316,37 @@ fn no_delay(
     })
 }
 
-/// SIGTERM or Ctrl-C.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGTERM or Ctrl-C. The handlers are registered when this is called, not
+/// when the future is first polled: a SIGTERM that arrives right after the
+/// limiter said it is serving must drain it, not kill it.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
+    let (term, interrupt) = {
+        use tokio::signal::unix::{SignalKind, signal};
+        (
+            signal(SignalKind::terminate()).ok(),
+            signal(SignalKind::interrupt()).ok(),
+        )
     };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+    async move {
+        #[cfg(unix)]
+        {
+            let wait = |s: Option<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = wait(term) => {},
+                () = wait(interrupt) => {},
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
