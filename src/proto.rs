@@ -55,36 +55,35 @@ mod allocation_wire {
                 rules: u
                     .rules
                     .iter()
-                    .map(|r| pb::RuleAllocation {
-                        rule: r.rule.clone(),
-                        limit: r.limit,
-                        fallback: r.fallback,
-                        split: r.split,
-                        split_immediate: r.split_now.immediate,
-                        split_shrink_now: r.split_now.shrink_now,
-                        split_now_until_unix_ms: r.split_now.until_ms,
-                        split_before: r.split_now.starting.map(|(v, _)| v),
-                        split_before_until_unix_ms: r.split_now.starting.map_or(0, |(_, t)| t),
-                        keys: r
-                            .keys
-                            .iter()
-                            .map(|(key, value)| {
-                                let now = r
-                                    .keys_now
-                                    .iter()
-                                    .find(|(k, _)| k == key)
-                                    .map_or(Now::default(), |(_, n)| *n);
-                                pb::KeyAllocation {
-                                    key: key.clone(),
-                                    value: *value,
-                                    immediate: now.immediate,
-                                    shrink_now: now.shrink_now,
-                                    now_until_unix_ms: now.until_ms,
-                                    before: now.starting.map(|(v, _)| v),
-                                    before_until_unix_ms: now.starting.map_or(0, |(_, t)| t),
-                                }
-                            })
-                            .collect(),
+                    .map(|r| {
+                        let key_now = r.key_now();
+                        pb::RuleAllocation {
+                            rule: r.rule.clone(),
+                            limit: r.limit,
+                            fallback: r.fallback,
+                            split: r.split,
+                            split_immediate: r.split_now.immediate,
+                            split_shrink_now: r.split_now.shrink_now,
+                            split_now_until_unix_ms: r.split_now.until_ms,
+                            split_before: r.split_now.starting.map(|(v, _)| v),
+                            split_before_until_unix_ms: r.split_now.starting.map_or(0, |(_, t)| t),
+                            keys: r
+                                .keys
+                                .iter()
+                                .map(|(key, value)| {
+                                    let now = key_now(key);
+                                    pb::KeyAllocation {
+                                        key: key.clone(),
+                                        value: *value,
+                                        immediate: now.immediate,
+                                        shrink_now: now.shrink_now,
+                                        now_until_unix_ms: now.until_ms,
+                                        before: now.starting.map(|(v, _)| v),
+                                        before_until_unix_ms: now.starting.map_or(0, |(_, t)| t),
+                                    }
+                                })
+                                .collect(),
+                        }
                     })
                     .collect(),
                 removed_rules: u.removed_rules.clone(),

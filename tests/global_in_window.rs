@@ -9,26 +9,10 @@ mod common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::global::{Load, World, admitted_per_window, summarize};
+use common::global::{Load, World, admitted_per_window, fixed_window_rule_per, summarize};
 
 const L: u64 = 120;
 const PERIOD: Duration = Duration::from_secs(12);
-
-fn rules() -> String {
-    format!(
-        "domain: api
-descriptors:
-  - key: fw
-    scope: global
-    fail_mode: closed
-    algorithm: fixed_window
-    period: 12s
-    rate_limit:
-      name: fw
-      requests_per_unit: {L}
-"
-    )
-}
 
 /// Sleeps until `offset` into the next clock-aligned window; returns that
 /// window's index.
@@ -45,7 +29,7 @@ async fn into_next_window(offset: Duration) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_shift_early_in_a_window_is_re_granted_within_it_and_no_window_exceeds_the_limit() {
-    let world = World::start(&rules(), &["mumbai", "hyderabad"]).await;
+    let world = World::start(&fixed_window_rule_per(L, "12s"), &["mumbai", "hyderabad"]).await;
     let load = Load::start(&world, "api", "fw", "acme", &[8, 2]);
     world
         .wait_allocated("api|fw", Duration::from_secs(20))

@@ -46,6 +46,19 @@ pub struct RuleUpdate {
     pub keys_now: Vec<(String, Now)>,
 }
 
+impl RuleUpdate {
+    /// `keys_now` by key, looked up once per key (a snapshot lists up to
+    /// `max_key_entries` of both).
+    pub fn key_now(&self) -> impl Fn(&str) -> Now + '_ {
+        let by_key: HashMap<&str, Now> = self
+            .keys_now
+            .iter()
+            .map(|(k, n)| (k.as_str(), *n))
+            .collect();
+        move |key| by_key.get(key).copied().unwrap_or_default()
+    }
+}
+
 /// When a new value applies: at the next window boundary (the default), or
 /// at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -351,12 +364,7 @@ impl Table {
             if let Some(v) = ru.split {
                 view.split.take(v, ru.split_now, now_ms, window);
             }
-            let key_now = |key: &str| {
-                ru.keys_now
-                    .iter()
-                    .find(|(k, _)| k == key)
-                    .map_or(Now::default(), |(_, n)| *n)
-            };
+            let key_now = ru.key_now();
             if update.full {
                 let gone: Vec<String> = view
                     .keys

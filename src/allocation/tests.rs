@@ -810,6 +810,25 @@ fn use_of(count: u64, cap: u64) -> WindowUse {
     WindowUse { count, cap }
 }
 
+/// DESIGN §4's worked example, before its first epoch: M 600 / H 400 with
+/// targets M 300 / H 700.
+fn m600_h400_to_m300_h700() -> [Slot; 2] {
+    [
+        Slot {
+            granted: 600,
+            bound: 600,
+            target: 300,
+            ..Slot::default()
+        },
+        Slot {
+            granted: 400,
+            bound: 400,
+            target: 700,
+            ..Slot::default()
+        },
+    ]
+}
+
 #[test]
 fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_grow() {
     // M 600 / H 400 → M 300 / H 700, 15 s into a 60 s window in which M
@@ -827,20 +846,7 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
         elapsed: 0.25,
         regions: vec![heard(m, 2), heard(h, if complete { 2 } else { 1 })],
     };
-    let mut slots = [
-        Slot {
-            granted: 600,
-            bound: 600,
-            target: 300,
-            ..Slot::default()
-        },
-        Slot {
-            granted: 400,
-            bound: 400,
-            target: 700,
-            ..Slot::default()
-        },
-    ];
+    let mut slots = m600_h400_to_m300_h700();
     let w = window(use_of(100, 600), use_of(390, 400), true);
     super::rebalance::transition_tracked(&mut slots, 1000, 2, None, Some(&w));
     assert!(slots[0].shrink_now, "M used 100 of the 300 it keeps");
@@ -868,20 +874,7 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
 
     // M had already counted 450 — at that pace 300 would cut it off: its
     // shrink waits for the boundary, and what it counted stays reserved.
-    let mut used = [
-        Slot {
-            granted: 600,
-            bound: 600,
-            target: 300,
-            ..Slot::default()
-        },
-        Slot {
-            granted: 400,
-            bound: 400,
-            target: 700,
-            ..Slot::default()
-        },
-    ];
+    let mut used = m600_h400_to_m300_h700();
     let w = window(use_of(450, 600), use_of(390, 400), true);
     super::rebalance::transition_tracked(&mut used, 1000, 2, None, Some(&w));
     assert!(!used[0].shrink_now);
@@ -895,20 +888,7 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
 
     // No pod of M heard this window (back from a partition): its count is
     // unknown, so its shrink waits for the boundary.
-    let mut unheard = [
-        Slot {
-            granted: 600,
-            bound: 600,
-            target: 300,
-            ..Slot::default()
-        },
-        Slot {
-            granted: 400,
-            bound: 400,
-            target: 700,
-            ..Slot::default()
-        },
-    ];
+    let mut unheard = m600_h400_to_m300_h700();
     let w = InWindow {
         start_ms: 0,
         until_ms: 60_000,

@@ -41,6 +41,11 @@ pub struct World {
 /// Domain `api`, one global fixed-window rule `fw` of `limit` per 4 s,
 /// failing closed (so a store error cannot admit outside the bound).
 pub fn fixed_window_rule(limit: u64) -> String {
+    fixed_window_rule_per(limit, "4s")
+}
+
+/// [`fixed_window_rule`] with another window, e.g. `"12s"`.
+pub fn fixed_window_rule_per(limit: u64, period: &str) -> String {
     format!(
         "domain: api
 descriptors:
@@ -48,7 +53,7 @@ descriptors:
     scope: global
     fail_mode: closed
     algorithm: fixed_window
-    period: 4s
+    period: {period}
     rate_limit:
       name: fw
       requests_per_unit: {limit}
