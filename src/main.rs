@@ -43,10 +43,9 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let name = match cli.command {
-        Command::Limiter(args) => {
-            let threads = args.threads.map(std::num::NonZeroUsize::get);
-            return run_on(threads, meridian::limiter::cli::run(args));
-        }
+        // Checks are served on the limiter's own shard threads; the main
+        // thread only accepts connections and runs the control tasks.
+        Command::Limiter(args) => return run_on(Some(1), meridian::limiter::cli::run(args)),
         Command::Coordinator(args) => return meridian::coordinator::main(args),
         Command::Ctl => "ctl",
         Command::Demo(args) => return run(meridian::demo::run(args)),

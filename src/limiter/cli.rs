@@ -9,7 +9,6 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use super::engine::{Engine, EngineConfig};
 use super::global::Global;
@@ -18,6 +17,7 @@ use super::http::{self, HttpState};
 use super::rule_feed;
 use super::rule_source::RuleSource;
 use super::service::Limiter;
+use super::shards::{Shard, Shards};
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::proto::meridian::v1::limiter_server::LimiterServer;
 use crate::rules::RuleSet;
@@ -116,9 +116,11 @@ pub struct LimiterArgs {
     #[arg(long, default_value_t = 100_000)]
     pub cache_capacity: usize,
 
-    /// Worker threads [default: one per core]. 1 runs every task on one
-    /// thread, with no wake-ups across threads: the least CPU per check
-    /// when the limiter shares its cores, at most one core of throughput.
+    /// Serving threads [default: one per core]. Each is a shard with its own
+    /// event loop and Redis connection; connections are handed to them round
+    /// robin and a check stays on its connection's thread, so no check pays
+    /// for wake-ups across threads. Fewer threads than cores leaves cores to
+    /// a Redis or a gateway on the same machine.
     #[arg(long)]
     pub threads: Option<std::num::NonZeroUsize>,
 }
@@ -135,6 +137,10 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     let metrics = crate::telemetry::metrics();
+    let shard_count = args.threads.map_or_else(
+        || std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        std::num::NonZeroUsize::get,
+    );
     let rules = if args.coordinator.is_empty() {
         Arc::new(RuleSource::from_files(args.config.clone())?)
     } else {
@@ -163,6 +169,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
             let mut config = RedisConfig::new(args.redis[0].clone());
             config.urls = args.redis.clone();
             config.deadline = args.redis_deadline;
+            config.lanes = shard_count;
             if let Some(ca) = &args.redis_ca {
                 config.ca_cert = Some(
                     std::fs::read(ca)
@@ -232,28 +239,40 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
                 .report_forever(args.coordinator.clone(), args.report_interval),
         )
     });
-    let grpc_server = tonic::transport::Server::builder()
-        .add_service(RateLimitServiceServer::new(RlsService {
-            limiter: limiter.clone(),
-            response_headers: args.response_headers,
-        }))
-        .add_service(LimiterServer::new(NativeService {
-            limiter: limiter.clone(),
-        }))
-        .serve_with_incoming_shutdown(no_delay(grpc), stopped(stop_rx.clone()));
-    let http_listener = axum::serve::ListenerExt::tap_io(http_listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+    let shards = Shards::start(shard_count, {
+        let limiter = limiter.clone();
+        let stop_rx = stop_rx.clone();
+        let response_headers = args.response_headers;
+        move |shard: Shard| {
+            let (limiter, metrics, stop_rx) = (limiter.clone(), metrics.clone(), stop_rx.clone());
+            async move {
+                crate::store::redis::bind_thread(shard.index);
+                if let Err(e) = limiter.engine.open_lane(shard.index).await {
+                    // Its checks still go out, through the shared connection.
+                    tracing::warn!(shard = shard.index, error = %e, "cannot open this shard's own Redis connection");
+                }
+                let grpc = tonic::transport::Server::builder()
+                    .add_service(RateLimitServiceServer::new(RlsService {
+                        limiter: limiter.clone(),
+                        response_headers,
+                    }))
+                    .add_service(LimiterServer::new(NativeService {
+                        limiter: limiter.clone(),
+                    }))
+                    .serve_with_incoming_shutdown(
+                        shard.grpc.into_stream(),
+                        stopped(stop_rx.clone()),
+                    );
+                let http = axum::serve(shard.http, http::router(HttpState { limiter, metrics }))
+                    .with_graceful_shutdown(stopped(stop_rx));
+                let (grpc, http) = tokio::join!(grpc, http);
+                grpc.context("gRPC server")?;
+                http.context("HTTP server")?;
+                Ok(())
+            }
         }
-    });
-    let http_server = axum::serve(
-        http_listener,
-        http::router(HttpState {
-            limiter: limiter.clone(),
-            metrics,
-        }),
-    )
-    .with_graceful_shutdown(stopped(stop_rx.clone()));
+    })?;
+    let acceptors = shards.accept(grpc, http_listener);
 
     let shutdown = shutdown_signal();
     // Tests and scripts read this line to learn the ports.
@@ -268,19 +287,18 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
         tracing::info!("shutting down: draining in-flight requests");
         let _ = stop_tx.send(true);
     });
-    let servers = async { tokio::join!(grpc_server, http_server) };
     let drain_deadline = async {
         stopped(stop_rx).await;
         tokio::time::sleep(args.drain_timeout).await;
     };
     tokio::select! {
-        (grpc_result, http_result) = servers => {
-            grpc_result.context("gRPC server")?;
-            http_result.context("HTTP server")?;
-        }
+        result = shards.finished() => result?,
         () = drain_deadline => {
             tracing::info!(timeout = ?args.drain_timeout, "drain timeout: closing idle connections");
         }
+    }
+    for acceptor in acceptors {
+        acceptor.abort();
     }
     watcher.abort();
     signals.abort();
@@ -300,20 +318,6 @@ fn default_pod_id() -> String {
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "pod".into());
     format!("{host}-{}", std::process::id())
-}
-
-/// Accepted gRPC connections with Nagle off: tonic's own `tcp_nodelay` does not
-/// apply to an incoming stream we hand it, and without it small responses wait
-/// ~40 ms for the client's delayed ACK.
-fn no_delay(
-    listener: TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt;
-    TcpListenerStream::new(listener).map(|conn| {
-        let conn = conn?;
-        conn.set_nodelay(true)?;
-        Ok(conn)
-    })
 }
 
 /// SIGTERM or Ctrl-C. The handlers are registered when this is called, not

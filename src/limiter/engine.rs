@@ -174,6 +174,15 @@ impl Engine {
         &self.store
     }
 
+    /// Gives the calling thread its own Redis connection, on the calling
+    /// runtime (see `store::redis::lanes`); nothing to do for the memory store.
+    pub async fn open_lane(&self, index: usize) -> Result<(), StoreError> {
+        match &self.store {
+            AnyStore::Memory(_) => Ok(()),
+            AnyStore::Redis(redis) => redis.open_lane(index).await,
+        }
+    }
+
     /// Publishes the engine's state gauges (called when /metrics is scraped).
     pub fn report_gauges(&self) {
         gauge!("meridian_store_breaker_open").set(if self.breaker.is_open() { 1.0 } else { 0.0 });

@@ -13,6 +13,7 @@ pub use engine::{Check, Engine, EngineConfig, Source, Verdict};
 pub mod rule_feed;
 pub mod rule_source;
 pub mod service;
+pub mod shards;
 pub mod split;
 
 pub use rule_source::RuleSource;

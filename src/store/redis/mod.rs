@@ -6,7 +6,8 @@
 //! which keeps one multiplexed connection per node and follows MOVED/ASK.
 //! Scripts go out as EVALSHA; on NOSCRIPT (a restarted or failed-over Redis)
 //! the script is loaded and the call retried once. Checks that arrive
-//! together share one script call (`coalesce`).
+//! together share one script call (`coalesce`). A server running one event
+//! loop per thread gives each thread its own connection (`lanes`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,8 +20,10 @@ use tokio::sync::oneshot;
 
 mod coalesce;
 mod flush;
+mod lanes;
 
 pub use flush::{Delta, Flushed, Global, slot};
+pub use lanes::bind_thread;
 
 use super::{Limit, Store, StoreError, key};
 use crate::algorithm::{Algorithm, Decision, DenyReason, Micros, precheck};
@@ -67,6 +70,8 @@ pub struct RedisConfig {
     /// PEM CA certificate(s) to verify `rediss://` servers with, instead of the
     /// system's trust store (private CAs are the norm for Redis).
     pub ca_cert: Option<Vec<u8>>,
+    /// Threads that may each open their own connection ([`RedisStore::open_lane`]).
+    pub lanes: usize,
 }
 
 impl RedisConfig {
@@ -76,6 +81,7 @@ impl RedisConfig {
             deadline: Duration::from_millis(100),
             connect_timeout: Duration::from_secs(2),
             ca_cert: None,
+            lanes: 0,
         }
     }
 }
@@ -92,6 +98,8 @@ pub struct RedisStore {
     /// Where checks queue to share script calls; `None` in the coalescing
     /// task's own copy, which sends them.
     coalescer: Option<Arc<coalesce::Coalescer>>,
+    /// Per-thread connections; `None` in a lane's own store.
+    lanes: Option<Arc<lanes::Lanes>>,
 }
 
 /// Clones are cheap handles onto the same multiplexed connection(s).
@@ -106,46 +114,13 @@ impl RedisStore {
         // rediss:// needs a rustls crypto provider; the first store installs ring's
         // (an error only means one is installed already).
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let nodes = cluster_nodes(&config.urls);
-        let connecting = async {
-            match nodes {
-                Some(nodes) => {
-                    let mut builder = ClusterClient::builder(nodes)
-                        .connection_timeout(config.connect_timeout)
-                        .response_timeout(config.deadline);
-                    if let Some(ca) = &config.ca_cert {
-                        builder = builder.certs(certificates(ca));
-                    }
-                    let client = builder.build()?;
-                    Ok(Connection::Cluster(client.get_async_connection().await?))
-                }
-                None => {
-                    let url = config.urls.first().map(String::as_str).unwrap_or_default();
-                    let client = match &config.ca_cert {
-                        Some(ca) => redis::Client::build_with_tls(url, certificates(ca))?,
-                        None => redis::Client::open(url)?,
-                    };
-                    let manager = ConnectionManagerConfig::new()
-                        .set_connection_timeout(Some(config.connect_timeout))
-                        .set_response_timeout(Some(config.deadline))
-                        .set_number_of_retries(2);
-                    Ok(Connection::Standalone(
-                        client.get_connection_manager_with_config(manager).await?,
-                    ))
-                }
-            }
-        };
-        // Cluster discovery can hang on an unreachable seed; bound the whole connect.
-        let connection = tokio::time::timeout(config.connect_timeout * 2, connecting)
-            .await
-            .map_err(|_| StoreError::Timeout(config.connect_timeout * 2))?
-            .map_err(|e| classify(e, config.connect_timeout))?;
         let mut store = RedisStore {
-            connection,
+            connection: open(config).await?,
             scripts: Algorithm::ALL.map(|a| Script::new(script_source(a))),
             flush: flush::flush_script(),
             deadline: config.deadline,
             coalescer: None,
+            lanes: (config.lanes > 0).then(|| Arc::new(lanes::Lanes::new(config))),
         };
         store.preload(config.connect_timeout).await;
         store.coalescer = Some(Arc::new(coalesce::Coalescer::start(store.clone())));
@@ -256,13 +231,14 @@ impl RedisStore {
             ],
         };
         let prefix = key::key_prefix(&limit.rule, key)?;
-        let Some(coalescer) = &self.coalescer else {
+        let store = self.here();
+        let Some(coalescer) = &store.coalescer else {
             return Err(StoreError::Reply(
                 "the coalescing task's store cannot queue checks".into(),
             ));
         };
         if let Some(on_the_wire) = coalescer.direct() {
-            let reply = self.call_script(call, &[(prefix.as_str(), cost)]).await;
+            let reply = store.call_script(call, &[(prefix.as_str(), cost)]).await;
             drop(on_the_wire);
             return decision_from_reply(&reply?);
         }
@@ -345,6 +321,44 @@ impl RedisStore {
             Connection::Cluster(mut c) => cmd.query_async(&mut c).await,
         }
     }
+}
+
+/// One connection (standalone) or cluster client (Cluster) as `config` says;
+/// its I/O task runs on the calling runtime.
+async fn open(config: &RedisConfig) -> Result<Connection, StoreError> {
+    let connecting = async {
+        match cluster_nodes(&config.urls) {
+            Some(nodes) => {
+                let mut builder = ClusterClient::builder(nodes)
+                    .connection_timeout(config.connect_timeout)
+                    .response_timeout(config.deadline);
+                if let Some(ca) = &config.ca_cert {
+                    builder = builder.certs(certificates(ca));
+                }
+                let client = builder.build()?;
+                Ok(Connection::Cluster(client.get_async_connection().await?))
+            }
+            None => {
+                let url = config.urls.first().map(String::as_str).unwrap_or_default();
+                let client = match &config.ca_cert {
+                    Some(ca) => redis::Client::build_with_tls(url, certificates(ca))?,
+                    None => redis::Client::open(url)?,
+                };
+                let manager = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(config.connect_timeout))
+                    .set_response_timeout(Some(config.deadline))
+                    .set_number_of_retries(2);
+                Ok(Connection::Standalone(
+                    client.get_connection_manager_with_config(manager).await?,
+                ))
+            }
+        }
+    };
+    // Cluster discovery can hang on an unreachable seed; bound the whole connect.
+    tokio::time::timeout(config.connect_timeout * 2, connecting)
+        .await
+        .map_err(|_| StoreError::Timeout(config.connect_timeout * 2))?
+        .map_err(|e| classify(e, config.connect_timeout))
 }
 
 /// The coalescing task is gone: only when the runtime that started it shut down.
