@@ -336,6 +336,70 @@ async fn two_hundred_concurrent_requests_admit_exactly_one_hundred() {
     assert_eq!(ok, 100);
 }
 
+/// Connections land on different shards (each its own event loop and Redis
+/// connection); a limit is still one count across all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shards_keep_one_count_across_connections() {
+    let redis = RedisServer::start();
+    let rules = "domain: api\ndescriptors:\n  - key: burst\n    rate_limit:\n      unit: hour\n      requests_per_unit: 100\n";
+    let limiter = LimiterProcess::start(
+        rules,
+        &[
+            "--redis",
+            &redis.url(),
+            "--redis-deadline",
+            "5s",
+            "--threads",
+            "3",
+        ],
+    );
+    // One client per connection: tonic's channels each dial their own.
+    let mut clients = Vec::new();
+    for _ in 0..6 {
+        clients.push(rls_client(&limiter).await);
+    }
+    let tasks: Vec<_> = (0..240)
+        .map(|i| {
+            let mut client = clients[i % clients.len()].clone();
+            tokio::spawn(async move {
+                ask(&mut client, vec![descriptor(&[("burst", "k")])], 0)
+                    .await
+                    .overall_code
+                    == Code::Ok as i32
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        ok += usize::from(t.await.expect("task"));
+    }
+    assert_eq!(ok, 100);
+
+    // Every shard opened its own Redis connection beside the shared one.
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut redis.connection())
+        .expect("CLIENT LIST");
+    let limiter_connections = clients
+        .lines()
+        .filter(|l| !l.contains("cmd=client"))
+        .count();
+    assert!(
+        limiter_connections >= 4,
+        "expected the shared connection and 3 shard lanes, Redis sees:\n{clients}"
+    );
+
+    // HTTP connections are handed to shards too (a new client, a new connection).
+    for _ in 0..3 {
+        let health = reqwest::Client::new()
+            .get(limiter.http_url("/healthz"))
+            .send()
+            .await
+            .expect("healthz");
+        assert_eq!(health.status(), 200);
+    }
+}
+
 #[tokio::test]
 async fn envoy_style_config_behaves_as_envoys_service() {
     let redis = RedisServer::start();
