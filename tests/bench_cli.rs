@@ -201,3 +201,38 @@ fn redis_commands_and_cpu_per_check_are_reported() {
         "{summary}"
     );
 }
+
+/// A target nobody listens on fails the run before any load, saying where it
+/// tried (the closed loop connects from its client threads).
+#[test]
+fn unreachable_target_fails_with_a_clear_error() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let target = closed.local_addr().expect("addr").to_string();
+    drop(closed);
+    let output = Command::new(env!("CARGO_BIN_EXE_meridian"))
+        .args([
+            "bench",
+            "--api",
+            "grpc",
+            "--target",
+            &target,
+            "--domain",
+            "bench",
+            "--rule",
+            "r",
+            "--connections",
+            "3",
+        ])
+        .args(SHORT_RUN)
+        .output()
+        .expect("run meridian bench");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "bench against a closed port succeeded"
+    );
+    assert!(
+        stderr.contains(&format!("cannot connect to {target}")),
+        "stderr: {stderr}"
+    );
+}

@@ -15,6 +15,7 @@ mod recorder;
 mod schedule;
 mod summary;
 mod template;
+mod threads;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,6 +38,7 @@ pub use summary::Summary;
 use summary::{LatencySummary, ProcessCost, RedisCost};
 use template::DescriptorTemplate;
 pub use template::EntryTemplate;
+use threads::ClientThreads;
 
 /// Closed-loop streams when neither `--rate` nor `--concurrency` is given.
 pub const DEFAULT_CONCURRENCY: usize = 16;
@@ -158,6 +160,8 @@ pub enum BenchError {
     Probe(#[from] ProbeError),
     #[error("load task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+    #[error("client thread: {0}")]
+    Thread(String),
 }
 
 fn invalid(flag: &'static str, reason: impl Into<String>) -> BenchError {
@@ -327,16 +331,24 @@ pub async fn run(args: BenchArgs) -> Result<Summary, BenchError> {
     };
     probes.sample().await?; // fail before the load if a probe cannot work
 
-    let mut connections = Vec::with_capacity(args.connections);
-    for _ in 0..args.connections {
-        let connection = Connection::open(plan.api, &plan.target, args.timeout)
-            .await
-            .map_err(|reason| BenchError::Connect {
-                target: plan.target.clone(),
-                reason,
-            })?;
-        connections.push(connection);
-    }
+    let load = match plan.load {
+        Load::Open { schedule, .. } => {
+            let mut connections = Vec::with_capacity(args.connections);
+            for _ in 0..args.connections {
+                let connection = Connection::open(plan.api, &plan.target, args.timeout)
+                    .await
+                    .map_err(|reason| BenchError::Connect {
+                        target: plan.target.clone(),
+                        reason,
+                    })?;
+                connections.push(connection);
+            }
+            Ready::Open(connections, schedule)
+        }
+        Load::Closed { concurrency } => {
+            Ready::Closed(ClientThreads::open(&plan, concurrency, &args).await?)
+        }
+    };
 
     let start = Instant::now();
     let window = Window {
@@ -352,21 +364,11 @@ pub async fn run(args: BenchArgs) -> Result<Summary, BenchError> {
         (probes, sample)
     });
 
-    match plan.load {
-        Load::Open { schedule, .. } => {
+    match load {
+        Ready::Open(connections, schedule) => {
             open_loop(&plan, schedule, connections, &recorder, window, &args).await?
         }
-        Load::Closed { concurrency } => {
-            closed_loop(
-                &plan,
-                concurrency,
-                connections,
-                &recorder,
-                window,
-                args.seed,
-            )
-            .await?
-        }
+        Ready::Closed(threads) => threads.run(window, &recorder).await?,
     }
 
     let (mut probes, before) = before.await?;
@@ -507,19 +509,26 @@ async fn open_loop(
 /// connection does not turn the bench into a busy loop on a shared machine.
 const ERROR_PAUSE: Duration = Duration::from_millis(1);
 
+/// Connections made ready for the load.
+enum Ready {
+    Open(Vec<Connection>, Schedule),
+    Closed(ClientThreads),
+}
+
+/// Runs `streams` (stream number, its connection) on the calling runtime, each
+/// sending its next request when the previous one is answered, until the
+/// window ends.
 async fn closed_loop(
     plan: &Arc<Plan>,
-    concurrency: usize,
-    connections: Vec<Connection>,
+    streams: Vec<(usize, Connection)>,
     recorder: &Arc<Recorder>,
     window: Window,
     seed: u64,
 ) -> Result<(), BenchError> {
-    let mut streams = JoinSet::new();
-    for stream in 0..concurrency {
-        let mut connection = connections[stream % connections.len()].clone();
+    let mut running = JoinSet::new();
+    for (stream, mut connection) in streams {
         let (plan, recorder) = (plan.clone(), recorder.clone());
-        streams.spawn(async move {
+        running.spawn(async move {
             let mut rng = StdRng::seed_from_u64(seed.wrapping_add(stream as u64));
             loop {
                 let sent = Instant::now();
@@ -545,7 +554,7 @@ async fn closed_loop(
             }
         });
     }
-    while let Some(stream) = streams.join_next().await {
+    while let Some(stream) = running.join_next().await {
         stream?;
     }
     Ok(())
