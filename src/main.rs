@@ -43,7 +43,7 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let name = match cli.command {
-        // Checks are served on the limiter's own shard threads; the main
+        // Checks are served on the limiter's own worker threads; the main
         // thread only accepts connections and runs the control tasks.
         Command::Limiter(args) => return run_on(Some(1), meridian::limiter::cli::run(args)),
         Command::Coordinator(args) => return meridian::coordinator::main(args),

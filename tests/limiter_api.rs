@@ -336,10 +336,10 @@ async fn two_hundred_concurrent_requests_admit_exactly_one_hundred() {
     assert_eq!(ok, 100);
 }
 
-/// Connections land on different shards (each its own event loop and Redis
+/// Connections land on different workers (each its own event loop and Redis
 /// connection); a limit is still one count across all of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn shards_keep_one_count_across_connections() {
+async fn workers_keep_one_count_across_connections() {
     let redis = RedisServer::start();
     let rules = "domain: api\ndescriptors:\n  - key: burst\n    rate_limit:\n      unit: hour\n      requests_per_unit: 100\n";
     let limiter = LimiterProcess::start(
@@ -375,7 +375,7 @@ async fn shards_keep_one_count_across_connections() {
     }
     assert_eq!(ok, 100);
 
-    // Every shard opened its own Redis connection beside the shared one.
+    // Every worker opened its own Redis connection beside the shared one.
     let clients: String = redis::cmd("CLIENT")
         .arg("LIST")
         .query(&mut redis.connection())
@@ -386,10 +386,10 @@ async fn shards_keep_one_count_across_connections() {
         .count();
     assert!(
         limiter_connections >= 4,
-        "expected the shared connection and 3 shard lanes, Redis sees:\n{clients}"
+        "expected the shared connection and 3 worker lanes, Redis sees:\n{clients}"
     );
 
-    // HTTP connections are handed to shards too (a new client, a new connection).
+    // HTTP connections are handed to workers too (a new client, a new connection).
     for _ in 0..3 {
         let health = reqwest::Client::new()
             .get(limiter.http_url("/healthz"))

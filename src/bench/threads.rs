@@ -5,7 +5,7 @@
 //! RLS on a 2-core box): every response wakes a stream's task on one worker
 //! while the connection's I/O task runs on another. On a shared machine that
 //! CPU is taken from the server and shows in its latency. So, like the
-//! limiter's shards, each client thread runs its own single-threaded runtime
+//! limiter's workers, each client thread runs its own single-threaded runtime
 //! with its own connections and the streams that use them; a request never
 //! leaves the thread that sends it.
 

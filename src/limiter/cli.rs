@@ -17,7 +17,7 @@ use super::http::{self, HttpState};
 use super::rule_feed;
 use super::rule_source::RuleSource;
 use super::service::Limiter;
-use super::shards::{Shard, Shards};
+use super::workers::{Worker, Workers};
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::proto::meridian::v1::limiter_server::LimiterServer;
 use crate::rules::RuleSet;
@@ -116,7 +116,7 @@ pub struct LimiterArgs {
     #[arg(long, default_value_t = 100_000)]
     pub cache_capacity: usize,
 
-    /// Serving threads [default: one per core]. Each is a shard with its own
+    /// Serving threads [default: one per core]. Each is a worker with its own
     /// event loop and Redis connection; connections are handed to them round
     /// robin and a check stays on its connection's thread, so no check pays
     /// for wake-ups across threads. Fewer threads than cores leaves cores to
@@ -137,7 +137,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     let metrics = crate::telemetry::metrics();
-    let shard_count = args.threads.map_or_else(
+    let worker_count = args.threads.map_or_else(
         || std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
         std::num::NonZeroUsize::get,
     );
@@ -169,7 +169,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
             let mut config = RedisConfig::new(args.redis[0].clone());
             config.urls = args.redis.clone();
             config.deadline = args.redis_deadline;
-            config.lanes = shard_count;
+            config.lanes = worker_count;
             if let Some(ca) = &args.redis_ca {
                 config.ca_cert = Some(
                     std::fs::read(ca)
@@ -239,17 +239,17 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
                 .report_forever(args.coordinator.clone(), args.report_interval),
         )
     });
-    let shards = Shards::start(shard_count, {
+    let workers = Workers::start(worker_count, {
         let limiter = limiter.clone();
         let stop_rx = stop_rx.clone();
         let response_headers = args.response_headers;
-        move |shard: Shard| {
+        move |worker: Worker| {
             let (limiter, metrics, stop_rx) = (limiter.clone(), metrics.clone(), stop_rx.clone());
             async move {
-                crate::store::redis::bind_thread(shard.index);
-                if let Err(e) = limiter.engine.open_lane(shard.index).await {
+                crate::store::redis::bind_thread(worker.index);
+                if let Err(e) = limiter.engine.open_lane(worker.index).await {
                     // Its checks still go out, through the shared connection.
-                    tracing::warn!(shard = shard.index, error = %e, "cannot open this shard's own Redis connection");
+                    tracing::warn!(worker = worker.index, error = %e, "cannot open this worker's own Redis connection");
                 }
                 let grpc = tonic::transport::Server::builder()
                     .add_service(RateLimitServiceServer::new(RlsService {
@@ -260,10 +260,10 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
                         limiter: limiter.clone(),
                     }))
                     .serve_with_incoming_shutdown(
-                        shard.grpc.into_stream(),
+                        worker.grpc.into_stream(),
                         stopped(stop_rx.clone()),
                     );
-                let http = axum::serve(shard.http, http::router(HttpState { limiter, metrics }))
+                let http = axum::serve(worker.http, http::router(HttpState { limiter, metrics }))
                     .with_graceful_shutdown(stopped(stop_rx));
                 let (grpc, http) = tokio::join!(grpc, http);
                 grpc.context("gRPC server")?;
@@ -272,7 +272,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
             }
         }
     })?;
-    let acceptors = shards.accept(grpc, http_listener);
+    let acceptors = workers.accept(grpc, http_listener);
 
     let shutdown = shutdown_signal();
     // Tests and scripts read this line to learn the ports.
@@ -292,7 +292,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
         tokio::time::sleep(args.drain_timeout).await;
     };
     tokio::select! {
-        result = shards.finished() => result?,
+        result = workers.finished() => result?,
         () = drain_deadline => {
             tracing::info!(timeout = ?args.drain_timeout, "drain timeout: closing idle connections");
         }

@@ -13,8 +13,8 @@ pub use engine::{Check, Engine, EngineConfig, Source, Verdict};
 pub mod rule_feed;
 pub mod rule_source;
 pub mod service;
-pub mod shards;
 pub mod split;
+pub mod workers;
 
 pub use rule_source::RuleSource;
 pub use service::Limiter;

@@ -1,6 +1,6 @@
 //! Lanes: one Redis connection per serving thread.
 //!
-//! A limiter that runs one event loop per core (see `limiter::shards`) would,
+//! A limiter that runs one event loop per core (see `limiter::workers`) would,
 //! with one shared connection, hand every check to the thread that owns the
 //! connection's I/O task and be woken back: two cross-thread wake-ups per
 //! check, which cost more CPU than the check. Each serving thread instead

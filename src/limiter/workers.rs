@@ -1,16 +1,16 @@
-//! Thread-per-core serving: one single-threaded event loop per shard.
+//! Thread-per-core serving: one single-threaded event loop per worker.
 //!
 //! On tokio's multi-threaded scheduler a check crosses threads several times
 //! (the connection's task, the Redis connection's I/O task, an idle worker
 //! unparked to steal the new work) and every crossing is a futex wake-up and a
 //! context switch. Measured on a 2-core box, that was a third of the
 //! limiter's CPU per Envoy RLS check (34.5 µs against 23 µs on one thread).
-//! So the limiter serves the way Envoy itself does: each shard is a thread
+//! So the limiter serves the way Envoy itself does: each worker is a thread
 //! with its own current-thread runtime, the connections handed to it, and its
 //! own Redis connection (`RedisStore::open_lane`); a check never leaves the
 //! thread that read it. One acceptor hands connections out round robin (the
 //! kernel's SO_REUSEPORT hash can put all of a gateway's few connections on
-//! one shard). What shards share (rules, the over-limit cache, counters for
+//! one worker). What workers share (rules, the over-limit cache, counters for
 //! the approximate path, global allocations) is behind locks and atomics.
 
 use std::future::Future;
@@ -21,31 +21,31 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-/// One shard as its serving code sees it.
-pub struct Shard {
+/// One worker as its serving code sees it.
+pub struct Worker {
     pub index: usize,
-    /// Connections accepted on the gRPC listener for this shard.
+    /// Connections accepted on the gRPC listener for this worker.
     pub grpc: Incoming,
-    /// Connections accepted on the HTTP listener for this shard.
+    /// Connections accepted on the HTTP listener for this worker.
     pub http: Incoming,
 }
 
-/// The shard threads and the ends that hand them connections.
-pub struct Shards {
+/// The worker threads and the ends that hand them connections.
+pub struct Workers {
     grpc: Vec<mpsc::UnboundedSender<std::net::TcpStream>>,
     http: Vec<mpsc::UnboundedSender<std::net::TcpStream>>,
     finished: Vec<oneshot::Receiver<anyhow::Result<()>>>,
 }
 
-impl Shards {
-    /// Starts `count` shard threads; each runs `serve` on its own runtime
+impl Workers {
+    /// Starts `count` worker threads; each runs `serve` on its own runtime
     /// until it returns.
-    pub fn start<F, Fut>(count: usize, serve: F) -> anyhow::Result<Shards>
+    pub fn start<F, Fut>(count: usize, serve: F) -> anyhow::Result<Workers>
     where
-        F: Fn(Shard) -> Fut + Send + Clone + 'static,
+        F: Fn(Worker) -> Fut + Send + Clone + 'static,
         Fut: Future<Output = anyhow::Result<()>> + 'static,
     {
-        let mut shards = Shards {
+        let mut workers = Workers {
             grpc: Vec::with_capacity(count),
             http: Vec::with_capacity(count),
             finished: Vec::with_capacity(count),
@@ -54,32 +54,32 @@ impl Shards {
             let (grpc, grpc_rx) = mpsc::unbounded_channel();
             let (http, http_rx) = mpsc::unbounded_channel();
             let (done, finished) = oneshot::channel();
-            let shard = Shard {
+            let worker = Worker {
                 index,
                 grpc: Incoming(grpc_rx),
                 http: Incoming(http_rx),
             };
             let serve = serve.clone();
             std::thread::Builder::new()
-                .name(format!("meridian-shard-{index}"))
+                .name(format!("meridian-worker-{index}"))
                 .spawn(move || {
                     let result = tokio::runtime::Builder::new_current_thread()
                         .enable_all()
                         .build()
-                        .context("cannot start the shard's runtime")
-                        .and_then(|runtime| runtime.block_on(serve(shard)));
+                        .context("cannot start the worker's runtime")
+                        .and_then(|runtime| runtime.block_on(serve(worker)));
                     let _ = done.send(result);
                 })
-                .with_context(|| format!("cannot start shard thread {index}"))?;
-            shards.grpc.push(grpc);
-            shards.http.push(http);
-            shards.finished.push(finished);
+                .with_context(|| format!("cannot start worker thread {index}"))?;
+            workers.grpc.push(grpc);
+            workers.http.push(http);
+            workers.finished.push(finished);
         }
-        Ok(shards)
+        Ok(workers)
     }
 
     /// Accepts on both listeners (on the calling runtime) and hands the
-    /// connections to the shards, until the tasks are aborted.
+    /// connections to the workers, until the tasks are aborted.
     pub fn accept(&self, grpc: TcpListener, http: TcpListener) -> [JoinHandle<()>; 2] {
         [
             tokio::spawn(hand_out(grpc, self.grpc.clone())),
@@ -87,15 +87,15 @@ impl Shards {
         ]
     }
 
-    /// Waits until every shard has stopped; the first error, or a shard
+    /// Waits until every worker has stopped; the first error, or a worker
     /// that died (a panic), ends the wait.
     pub async fn finished(self) -> anyhow::Result<()> {
-        let Shards {
+        let Workers {
             grpc,
             http,
             finished,
         } = self;
-        // The shards' incoming streams end with the acceptors, not with us.
+        // The workers' incoming streams end with the acceptors, not with us.
         drop((grpc, http));
         let waits = finished
             .into_iter()
@@ -103,15 +103,15 @@ impl Shards {
             .map(|(index, done)| async move {
                 done.await
                     .map_err(|_| {
-                        anyhow::anyhow!("shard {index} stopped without a result (it panicked)")
+                        anyhow::anyhow!("worker {index} stopped without a result (it panicked)")
                     })?
-                    .with_context(|| format!("shard {index}"))
+                    .with_context(|| format!("worker {index}"))
             });
         futures::future::try_join_all(waits).await.map(drop)
     }
 }
 
-async fn hand_out(listener: TcpListener, shards: Vec<mpsc::UnboundedSender<std::net::TcpStream>>) {
+async fn hand_out(listener: TcpListener, workers: Vec<mpsc::UnboundedSender<std::net::TcpStream>>) {
     let mut next = 0;
     loop {
         let conn = match listener.accept().await {
@@ -131,16 +131,16 @@ async fn hand_out(listener: TcpListener, shards: Vec<mpsc::UnboundedSender<std::
         let conn = match conn.into_std() {
             Ok(conn) => conn,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot hand an accepted connection to a shard");
+                tracing::warn!(error = %e, "cannot hand an accepted connection to a worker");
                 continue;
             }
         };
-        // A shard that stopped (shutting down) drops its receiver; try the next.
+        // A worker that stopped (shutting down) drops its receiver; try the next.
         let mut conn = conn;
-        for _ in 0..shards.len() {
-            let shard = &shards[next % shards.len()];
+        for _ in 0..workers.len() {
+            let worker = &workers[next % workers.len()];
             next = next.wrapping_add(1);
-            match shard.send(conn) {
+            match worker.send(conn) {
                 Ok(()) => break,
                 Err(mpsc::error::SendError(back)) => conn = back,
             }
@@ -148,7 +148,7 @@ async fn hand_out(listener: TcpListener, shards: Vec<mpsc::UnboundedSender<std::
     }
 }
 
-/// Connections handed to one shard; registered with the shard's own event
+/// Connections handed to one worker; registered with the worker's own event
 /// loop as they are taken.
 pub struct Incoming(mpsc::UnboundedReceiver<std::net::TcpStream>);
 
@@ -181,7 +181,7 @@ impl axum::serve::Listener for Incoming {
 
     fn local_addr(&self) -> std::io::Result<SocketAddr> {
         Err(std::io::Error::other(
-            "a shard has no address of its own: connections are handed to it",
+            "a worker has no address of its own: connections are handed to it",
         ))
     }
 }
