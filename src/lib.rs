@@ -14,6 +14,7 @@ pub mod library;
 pub mod limiter;
 pub mod proto;
 pub mod rules;
+pub mod shutdown;
 pub mod sim;
 pub mod store;
 pub mod telemetry;

@@ -45,7 +45,7 @@ fn main() -> std::process::ExitCode {
     let name = match cli.command {
         // Checks are served on the limiter's own worker threads; the main
         // thread only accepts connections and runs the control tasks.
-        Command::Limiter(args) => return run_on(Some(1), meridian::limiter::cli::run(args)),
+        Command::Limiter(args) => return run_on(true, meridian::limiter::cli::run(args)),
         Command::Coordinator(args) => return meridian::coordinator::main(args),
         Command::Ctl => "ctl",
         Command::Demo(args) => return run(meridian::demo::run(args)),
@@ -62,25 +62,22 @@ fn main() -> std::process::ExitCode {
 /// Runs a service command on a multi-threaded runtime with logs set up; an
 /// error is printed with its causes and exits 1.
 fn run(command: impl std::future::Future<Output = anyhow::Result<()>>) -> std::process::ExitCode {
-    run_on(None, command)
+    run_on(false, command)
 }
 
-/// [`run`] on `threads` worker threads (default: one per core); 1 runs every
-/// task on the main thread (tokio's current-thread runtime).
+/// [`run`] on tokio's current-thread runtime when `one_thread` (the caller
+/// runs its own threads), else on one worker thread per core.
 fn run_on(
-    threads: Option<usize>,
+    one_thread: bool,
     command: impl std::future::Future<Output = anyhow::Result<()>>,
 ) -> std::process::ExitCode {
     meridian::telemetry::init_logs("meridian=info");
-    let runtime = match threads {
-        Some(1) => tokio::runtime::Builder::new_current_thread()
+    let runtime = if one_thread {
+        tokio::runtime::Builder::new_current_thread()
             .enable_all()
-            .build(),
-        Some(n) => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(n)
-            .enable_all()
-            .build(),
-        None => tokio::runtime::Runtime::new(),
+            .build()
+    } else {
+        tokio::runtime::Runtime::new()
     };
     let runtime = match runtime {
         Ok(rt) => rt,

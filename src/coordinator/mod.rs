@@ -266,30 +266,11 @@ fn raft_config(args: &CoordinatorArgs) -> Result<Config, RunError> {
         .map_err(|e| RunError::Config(e.to_string()))
 }
 
-/// Waits for SIGTERM or Ctrl-C.
-async fn terminated() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM; Ctrl-C only");
-                let _ = ctrl_c.await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-}
-
 /// Runs a coordinator node until SIGTERM / Ctrl-C.
 pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
+    // Registered now: a SIGTERM during start-up must stop the node cleanly
+    // once it is up, not kill it.
+    let terminated = crate::shutdown::signal();
     let admin_token = args
         .admin_token
         .clone()
@@ -427,7 +408,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         Arc::clone(&node),
     ));
 
-    terminated().await;
+    terminated.await;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
     if let Some(j) = join {

@@ -274,7 +274,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     })?;
     let acceptors = workers.accept(grpc, http_listener);
 
-    let shutdown = shutdown_signal();
+    let shutdown = crate::shutdown::signal();
     // Tests and scripts read this line to learn the ports.
     println!(
         "meridian limiter: region={} store={:?} grpc={grpc_addr} http={http_addr}",
@@ -318,39 +318,4 @@ fn default_pod_id() -> String {
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "pod".into());
     format!("{host}-{}", std::process::id())
-}
-
-/// SIGTERM or Ctrl-C. The handlers are registered when this is called, not
-/// when the future is first polled: a SIGTERM that arrives right after the
-/// limiter said it is serving must drain it, not kill it.
-pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    #[cfg(unix)]
-    let (term, interrupt) = {
-        use tokio::signal::unix::{SignalKind, signal};
-        (
-            signal(SignalKind::terminate()).ok(),
-            signal(SignalKind::interrupt()).ok(),
-        )
-    };
-    async move {
-        #[cfg(unix)]
-        {
-            let wait = |s: Option<tokio::signal::unix::Signal>| async move {
-                match s {
-                    Some(mut s) => {
-                        s.recv().await;
-                    }
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                () = wait(term) => {},
-                () = wait(interrupt) => {},
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
