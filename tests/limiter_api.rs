@@ -733,3 +733,55 @@ async fn sigterm_drains_and_exits_zero() {
     );
     drop(client);
 }
+
+/// While it drains, the limiter refuses new connections (its listeners are
+/// closed; a load balancer sends them to another pod at once) and finishes
+/// the request it has in flight.
+#[tokio::test]
+async fn draining_refuses_new_connections_and_finishes_in_flight_requests() {
+    let redis = RedisServer::start();
+    let mut limiter = LimiterProcess::start(
+        RULES,
+        &[
+            "--redis",
+            &redis.url(),
+            "--redis-deadline",
+            "10s",
+            "--drain-timeout",
+            "10s",
+        ],
+    );
+    let mut client = rls_client(&limiter).await;
+    let _ = ask(&mut client, vec![descriptor(&[("customer", "a")])], 0).await;
+    // A request held in flight: Redis is stopped until the end of the test.
+    redis.pause();
+    let in_flight =
+        tokio::spawn(
+            async move { ask(&mut client, vec![descriptor(&[("customer", "b")])], 0).await },
+        );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &limiter.pid().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(sent.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        match tokio::net::TcpStream::connect(limiter.grpc).await {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break,
+            _ if std::time::Instant::now() > deadline => {
+                panic!("new gRPC connections still accepted 3 s after SIGTERM")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    assert!(
+        limiter.is_running(),
+        "the limiter exited with a request in flight"
+    );
+    redis.resume();
+    let answer = in_flight.await.expect("in-flight request");
+    assert_eq!(answer.overall_code, Code::Ok as i32);
+    let status = limiter.terminate();
+    assert!(status.success(), "{status:?}");
+}

@@ -282,9 +282,15 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     );
     tracing::info!(region = %args.region, %grpc_addr, %http_addr, "limiter serving");
 
+    let accepting: Vec<_> = acceptors.iter().map(|a| a.abort_handle()).collect();
     let signals = tokio::spawn(async move {
         shutdown.await;
         tracing::info!("shutting down: draining in-flight requests");
+        // New connections are refused (the listeners close) while the
+        // workers finish the requests they have.
+        for acceptor in accepting {
+            acceptor.abort();
+        }
         let _ = stop_tx.send(true);
     });
     let drain_deadline = async {
