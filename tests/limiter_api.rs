@@ -785,3 +785,54 @@ async fn draining_refuses_new_connections_and_finishes_in_flight_requests() {
     let status = limiter.terminate();
     assert!(status.success(), "{status:?}");
 }
+
+/// A worker that cannot open its own Redis connection at start serves through
+/// the shared one meanwhile, and opens its lane once Redis lets it.
+#[tokio::test]
+async fn a_worker_opens_its_redis_lane_once_redis_lets_it() {
+    let redis = RedisServer::start();
+    let mut admin = redis.connection();
+    let limiter_clients = |admin: &mut redis::Connection| {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query(admin)
+            .expect("CLIENT LIST");
+        list.lines().count() - 1 // this admin connection
+    };
+    // Room for this connection and the limiter's shared one, no more.
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxclients")
+        .arg("2")
+        .query::<()>(&mut admin)
+        .expect("CONFIG SET maxclients");
+    let rules = "domain: api\ndescriptors:\n  - key: burst\n    rate_limit:\n      unit: hour\n      requests_per_unit: 100\n";
+    let limiter = LimiterProcess::start(rules, &["--redis", &redis.url(), "--threads", "2"]);
+    let mut client = rls_client(&limiter).await;
+    for _ in 0..3 {
+        let answer = ask(&mut client, vec![descriptor(&[("burst", "k")])], 0).await;
+        assert_eq!(answer.overall_code, Code::Ok as i32);
+    }
+    assert_eq!(
+        limiter_clients(&mut admin),
+        1,
+        "lanes opened past maxclients"
+    );
+
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxclients")
+        .arg("100")
+        .query::<()>(&mut admin)
+        .expect("CONFIG SET maxclients");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while limiter_clients(&mut admin) < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the workers' lanes did not open within 10 s of Redis taking clients"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let answer = ask(&mut client, vec![descriptor(&[("burst", "k")])], 0).await;
+    assert_eq!(answer.overall_code, Code::Ok as i32);
+}

@@ -248,8 +248,11 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
             async move {
                 crate::store::redis::bind_thread(worker.index);
                 if let Err(e) = limiter.engine.open_lane(worker.index).await {
-                    // Its checks still go out, through the shared connection.
-                    tracing::warn!(worker = worker.index, error = %e, "cannot open this worker's own Redis connection");
+                    // Its checks still go out, through the shared connection,
+                    // until the lane opens.
+                    tracing::warn!(worker = worker.index, error = %e, retry = ?LANE_RETRY,
+                        "cannot open this worker's own Redis connection yet; using the shared one");
+                    tokio::spawn(open_lane_later(limiter.clone(), worker.index));
                 }
                 let grpc = tonic::transport::Server::builder()
                     .add_service(RateLimitServiceServer::new(RlsService {
@@ -317,6 +320,25 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
         tracing::warn!(error = %e, "approximate path: final flush failed; its hits are lost");
     }
     Ok(())
+}
+
+/// How often a worker whose Redis connection failed to open tries again.
+const LANE_RETRY: Duration = Duration::from_secs(2);
+
+/// Retries a worker's lane on the worker's own runtime until it opens.
+async fn open_lane_later(limiter: Arc<Limiter>, index: usize) {
+    loop {
+        tokio::time::sleep(LANE_RETRY).await;
+        match limiter.engine.open_lane(index).await {
+            Ok(()) => {
+                tracing::info!(worker = index, "worker's own Redis connection is open");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(worker = index, error = %e, "worker's Redis connection: still failing")
+            }
+        }
+    }
 }
 
 fn default_pod_id() -> String {
