@@ -309,56 +309,13 @@ async fn http_checks_answer_200_or_429_with_headers_and_400_for_bad_input() {
     assert!(text.contains("meridian_checks_total"), "{text}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_hundred_concurrent_requests_admit_exactly_one_hundred() {
-    let redis = RedisServer::start();
-    let rules = "domain: api\ndescriptors:\n  - key: burst\n    rate_limit:\n      unit: hour\n      requests_per_unit: 100\n";
-    // A generous deadline: this test is about atomicity, not about fail modes
-    // (on a loaded machine 200 requests at once can exceed the 20 ms default).
-    let limiter =
-        LimiterProcess::start(rules, &["--redis", &redis.url(), "--redis-deadline", "5s"]);
-    let client = rls_client(&limiter).await;
-    let tasks: Vec<_> = (0..200)
-        .map(|_| {
-            let mut client = client.clone();
-            tokio::spawn(async move {
-                ask(&mut client, vec![descriptor(&[("burst", "k")])], 0)
-                    .await
-                    .overall_code
-                    == Code::Ok as i32
-            })
-        })
-        .collect();
-    let mut ok = 0;
-    for t in tasks {
-        ok += usize::from(t.await.expect("task"));
-    }
-    assert_eq!(ok, 100);
-}
+/// 100 checks an hour on `burst`.
+const BURST_100: &str = "domain: api\ndescriptors:\n  - key: burst\n    rate_limit:\n      unit: hour\n      requests_per_unit: 100\n";
 
-/// Connections land on different workers (each its own event loop and Redis
-/// connection); a limit is still one count across all of them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn workers_keep_one_count_across_connections() {
-    let redis = RedisServer::start();
-    let rules = "domain: api\ndescriptors:\n  - key: burst\n    rate_limit:\n      unit: hour\n      requests_per_unit: 100\n";
-    let limiter = LimiterProcess::start(
-        rules,
-        &[
-            "--redis",
-            &redis.url(),
-            "--redis-deadline",
-            "5s",
-            "--threads",
-            "3",
-        ],
-    );
-    // One client per connection: tonic's channels each dial their own.
-    let mut clients = Vec::new();
-    for _ in 0..6 {
-        clients.push(rls_client(&limiter).await);
-    }
-    let tasks: Vec<_> = (0..240)
+/// Sends `n` checks of `burst=k` at once, spread over `clients` (one
+/// connection each); how many were allowed.
+async fn admitted_at_once(clients: &[RateLimitServiceClient<Channel>], n: usize) -> usize {
+    let tasks: Vec<_> = (0..n)
         .map(|i| {
             let mut client = clients[i % clients.len()].clone();
             tokio::spawn(async move {
@@ -373,20 +330,68 @@ async fn workers_keep_one_count_across_connections() {
     for t in tasks {
         ok += usize::from(t.await.expect("task"));
     }
-    assert_eq!(ok, 100);
+    ok
+}
+
+/// Redis clients other than `conn` itself (the one running CLIENT LIST).
+fn other_redis_clients(conn: &mut redis::Connection) -> usize {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(conn)
+        .expect("CLIENT LIST");
+    list.lines().filter(|l| !l.contains("cmd=client")).count()
+}
+
+fn set_max_clients(conn: &mut redis::Connection, n: u32) {
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxclients")
+        .arg(n)
+        .query::<()>(conn)
+        .expect("CONFIG SET maxclients");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_hundred_concurrent_requests_admit_exactly_one_hundred() {
+    let redis = RedisServer::start();
+    // A generous deadline: this test is about atomicity, not about fail modes
+    // (on a loaded machine 200 requests at once can exceed the 20 ms default).
+    let limiter = LimiterProcess::start(
+        BURST_100,
+        &["--redis", &redis.url(), "--redis-deadline", "5s"],
+    );
+    let client = rls_client(&limiter).await;
+    assert_eq!(admitted_at_once(&[client], 200).await, 100);
+}
+
+/// Connections land on different workers (each its own event loop and Redis
+/// connection); a limit is still one count across all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_keep_one_count_across_connections() {
+    let redis = RedisServer::start();
+    let limiter = LimiterProcess::start(
+        BURST_100,
+        &[
+            "--redis",
+            &redis.url(),
+            "--redis-deadline",
+            "5s",
+            "--threads",
+            "3",
+        ],
+    );
+    // One client per connection: tonic's channels each dial their own.
+    let mut clients = Vec::new();
+    for _ in 0..6 {
+        clients.push(rls_client(&limiter).await);
+    }
+    assert_eq!(admitted_at_once(&clients, 240).await, 100);
 
     // Every worker opened its own Redis connection beside the shared one.
-    let clients: String = redis::cmd("CLIENT")
-        .arg("LIST")
-        .query(&mut redis.connection())
-        .expect("CLIENT LIST");
-    let limiter_connections = clients
-        .lines()
-        .filter(|l| !l.contains("cmd=client"))
-        .count();
+    let limiter_connections = other_redis_clients(&mut redis.connection());
     assert!(
         limiter_connections >= 4,
-        "expected the shared connection and 3 worker lanes, Redis sees:\n{clients}"
+        "expected the shared connection and 3 worker lanes, Redis sees {limiter_connections}"
     );
 
     // HTTP connections are handed to workers too (a new client, a new connection).
@@ -792,41 +797,23 @@ async fn draining_refuses_new_connections_and_finishes_in_flight_requests() {
 async fn a_worker_opens_its_redis_lane_once_redis_lets_it() {
     let redis = RedisServer::start();
     let mut admin = redis.connection();
-    let limiter_clients = |admin: &mut redis::Connection| {
-        let list: String = redis::cmd("CLIENT")
-            .arg("LIST")
-            .query(admin)
-            .expect("CLIENT LIST");
-        list.lines().count() - 1 // this admin connection
-    };
     // Room for this connection and the limiter's shared one, no more.
-    redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxclients")
-        .arg("2")
-        .query::<()>(&mut admin)
-        .expect("CONFIG SET maxclients");
-    let rules = "domain: api\ndescriptors:\n  - key: burst\n    rate_limit:\n      unit: hour\n      requests_per_unit: 100\n";
-    let limiter = LimiterProcess::start(rules, &["--redis", &redis.url(), "--threads", "2"]);
+    set_max_clients(&mut admin, 2);
+    let limiter = LimiterProcess::start(BURST_100, &["--redis", &redis.url(), "--threads", "2"]);
     let mut client = rls_client(&limiter).await;
     for _ in 0..3 {
         let answer = ask(&mut client, vec![descriptor(&[("burst", "k")])], 0).await;
         assert_eq!(answer.overall_code, Code::Ok as i32);
     }
     assert_eq!(
-        limiter_clients(&mut admin),
+        other_redis_clients(&mut admin),
         1,
         "lanes opened past maxclients"
     );
 
-    redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxclients")
-        .arg("100")
-        .query::<()>(&mut admin)
-        .expect("CONFIG SET maxclients");
+    set_max_clients(&mut admin, 100);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while limiter_clients(&mut admin) < 3 {
+    while other_redis_clients(&mut admin) < 3 {
         assert!(
             std::time::Instant::now() < deadline,
             "the workers' lanes did not open within 10 s of Redis taking clients"
