@@ -536,14 +536,29 @@ impl AckTracker {
         self.pods.retain(|_, p| p.at_ms >= cutoff_ms);
     }
 
-    /// Pods per region with the epoch each holds (admin API).
-    pub fn pods(&self) -> Vec<(String, String, Epoch, Millis)> {
-        let mut out: Vec<_> = self
+    /// Every pod heard, with the epoch it holds, by region then pod (admin API).
+    pub fn pods(&self) -> Vec<PodEpoch> {
+        let mut out: Vec<PodEpoch> = self
             .pods
             .iter()
-            .map(|(pod, p)| (p.region.clone(), pod.clone(), p.epoch, p.at_ms))
+            .map(|(pod, p)| PodEpoch {
+                region: p.region.clone(),
+                pod: pod.clone(),
+                epoch: p.epoch,
+                last_heard_ms: p.at_ms,
+            })
             .collect();
-        out.sort();
+        out.sort_by(|a, b| (&a.region, &a.pod).cmp(&(&b.region, &b.pod)));
         out
     }
+}
+
+/// One pod as the leader last heard it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodEpoch {
+    pub region: String,
+    pub pod: String,
+    /// The allocation epoch it holds (its acknowledgement).
+    pub epoch: Epoch,
+    pub last_heard_ms: Millis,
 }

@@ -20,6 +20,7 @@
 //! to at most `L` in every transition (shrink before grow).
 
 pub mod demand;
+pub mod leader;
 pub mod rebalance;
 pub mod table;
 

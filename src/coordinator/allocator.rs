@@ -1,16 +1,14 @@
 //! Global limits on the coordinator: demand reports in, allocation epochs out.
 //!
 //! Every node accepts reports; a follower forwards them to the leader. The
-//! leader keeps demand (EWMA) and acknowledgements in memory, runs the pure
-//! rebalancer (`crate::allocation::rebalance`) every `--rebalance-interval`,
-//! after acknowledgements (to grant what shrinks released) and after early
-//! top-up requests, and commits each epoch through Raft as a delta with the
-//! smoothed demand it used. A new leader seeds its demand from that committed
-//! state, so it continues without a learning period; it starts with no
-//! acknowledgements, which only delays grows (shrinks stay counted at their
-//! old value until pods report again).
+//! decisions — demand, acknowledgements, when a round is due and what it
+//! commits — are the pure [`Leader`]'s, the same type the simulator drives;
+//! this wrapper holds it behind a lock, runs its rounds on a tokio loop,
+//! commits each epoch through Raft and registers regions that report. A new
+//! leader seeds its demand from the committed state, so it continues without
+//! a learning period; it starts with no acknowledgements, which only delays
+//! grows (shrinks stay counted at their old value until pods report again).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,86 +19,82 @@ use tonic::Status;
 use super::api::now_unix_ms;
 use super::node::{Node, Write};
 use super::raft::storage::Applied;
-use super::state::{Command, RegionState, Registry, Stage};
-use crate::algorithm::Algorithm;
-use crate::allocation::demand::{AckTracker, DemandTracker, KeyDemand, Pace};
-use crate::allocation::rebalance::{Round, is_noop, rebalance};
-use crate::allocation::{self, InWindow, Millis, RegionInput, RegionStatus, RulePolicy, WindowUse};
+use super::state::{Command, RegionState, Registry, RuleSetVersion, Stage};
+use crate::allocation::demand::{KeyDemand, PodEpoch};
+use crate::allocation::leader::{
+    ACK_DEBOUNCE_MS, GlobalRule, Leader, LeaderConfig, PodReport, RegionDef, RuleDemand, RuleUse,
+    TopUp,
+};
+use crate::allocation::{RegionStatus, WindowUse};
 use crate::proto::meridian::v1 as pb;
 use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
-use crate::rules::{Accuracy, RuleFile, RuleSet, Scope};
+use crate::rules::{RuleFile, RuleSet};
 
 /// gRPC metadata marking a report relayed by another node.
 pub const FORWARDED: &str = "x-meridian-forwarded";
 
-/// Out-of-cycle rounds for top-ups run at most this often.
-const TOP_UP_GAP: Duration = Duration::from_secs(1);
-/// Acknowledgements arriving together are handled in one round.
-const ACK_DEBOUNCE: Duration = Duration::from_millis(20);
-
-#[derive(Debug, Clone)]
-pub struct AllocatorConfig {
-    pub rebalance_interval: Duration,
-    /// Scheduled rounds end this long before a multiple of the interval.
-    pub round_lead: Duration,
-    pub rebalancer: allocation::Config,
-}
-
+/// The coordinator's side of global limits on one node.
 pub struct Allocator {
     node: Arc<Node>,
-    config: AllocatorConfig,
-    inbox: Mutex<Inbox>,
+    /// The leader's state; a `std` mutex because no `.await` happens while
+    /// it is held (rounds are computed under it, committed after).
+    leading: Mutex<Leading>,
+    /// Woken when a report makes a round due before the next scheduled one.
     wake: Notify,
+    /// The connection to the leader, reused for forwarded reports.
     leader_client:
         tokio::sync::Mutex<Option<(String, CoordinatorClient<tonic::transport::Channel>)>>,
 }
 
-#[derive(Default)]
-struct Inbox {
-    demand: DemandTracker,
-    acks: AckTracker,
-    /// The Raft term whose leadership seeded `demand`; `None` while following.
-    seeded_term: Option<u64>,
-    last_roll: Option<Instant>,
-    top_up: bool,
-    last_top_up_round: Option<Instant>,
-    /// A region was registered: give it a lease and a share in the next
-    /// round, whatever the top-up rate limit says.
-    regions_changed: bool,
-    /// Regions that reported but are not registered.
-    unknown_regions: BTreeSet<String>,
-    policies: Policies,
-}
-
-/// The global rules of the enforced rule-set version.
-#[derive(Default, Clone)]
-struct Policies {
-    version: Option<u64>,
-    rules: Vec<RulePolicy>,
-    period_ms: HashMap<String, u64>,
-    /// Rules counted exactly in fixed windows → period: regions report
-    /// their window use for these, and they may be re-divided within a window.
-    counted_ms: BTreeMap<String, u64>,
+/// The [`Leader`] and the Raft term it leads for.
+struct Leading {
+    leader: Leader,
+    /// The Raft term whose leadership seeded `leader`; `None` while following.
+    term: Option<u64>,
 }
 
 impl Allocator {
-    pub fn new(node: Arc<Node>, config: AllocatorConfig) -> Arc<Allocator> {
+    pub fn new(node: Arc<Node>, config: LeaderConfig) -> Arc<Allocator> {
         Arc::new(Allocator {
-            inbox: Mutex::new(Inbox {
-                demand: DemandTracker::new(config.rebalancer.ewma_alpha),
-                acks: AckTracker::new(config.rebalancer.suspect_after_ms),
-                ..Inbox::default()
+            leading: Mutex::new(Leading {
+                leader: Leader::new(config),
+                term: None,
             }),
             node,
-            config,
             wake: Notify::new(),
             leader_client: tokio::sync::Mutex::new(None),
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inbox> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Leading> {
         // A panic while holding the lock leaves counters, not invariants.
-        self.inbox.lock().unwrap_or_else(|p| p.into_inner())
+        self.leading.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The leader's state for this node's current term when it leads:
+    /// seeded from the committed state on the first use in a term, with the
+    /// enforced rule set's global rules.
+    fn leading<'a>(
+        &'a self,
+        applied: &Applied,
+        now: i64,
+    ) -> Option<std::sync::MutexGuard<'a, Leading>> {
+        let metrics = self.node.raft.metrics().borrow().clone();
+        let mut guard = self.lock();
+        if metrics.current_leader != Some(self.node.id) {
+            guard.term = None;
+            return None;
+        }
+        if guard.term != Some(metrics.current_term) {
+            guard.leader.seed(&applied.registry.allocations, now);
+            guard.term = Some(metrics.current_term);
+            tracing::info!(
+                epoch = applied.registry.allocations.epoch,
+                "leading: demand seeded from the last epoch"
+            );
+        }
+        refresh_rules(&mut guard.leader, &applied.registry);
+        Some(guard)
     }
 
     fn is_leader(&self) -> bool {
@@ -152,197 +146,72 @@ impl Allocator {
     fn ingest(&self, report: &pb::DemandReport) {
         let now = now_unix_ms();
         let applied = self.node.applied.borrow().clone();
-        let mut inbox = self.lock();
-        refresh_policies(&mut inbox.policies, &applied.registry);
-        if !applied.registry.regions.contains_key(&report.region) {
-            inbox.unknown_regions.insert(report.region.clone());
-        }
-        // A region heard without a valid lease (new, or back from a
-        // partition) gets one in the next round, not the next scheduled one.
-        let leased = applied
-            .registry
-            .allocations
-            .regions
-            .get(&report.region)
-            .is_some_and(|l| l.valid_until_ms > now);
-        if !leased {
-            inbox.regions_changed = true;
-        }
-        let before = inbox
-            .acks
-            .region(&report.region, now, self.config.rebalancer.lease_ms)
-            .0;
-        inbox
-            .acks
-            .record(&report.pod, &report.region, report.epoch, now);
-        for u in &report.used {
-            let used = WindowUse {
-                count: u.count,
-                cap: u.cap,
-            };
-            inbox
-                .acks
-                .record_use(&report.pod, &u.rule, u.window_start_unix_ms, used);
-        }
-        let after = inbox
-            .acks
-            .region(&report.region, now, self.config.rebalancer.lease_ms)
-            .0;
-        let recent = self.config.rebalancer.suspect_after_ms;
-        let mut wake = after > before || !leased;
-        for rd in &report.rules {
-            let Some(period) = inbox.policies.period_ms.get(&rd.rule).copied() else {
-                continue;
-            };
-            let keys: Vec<KeyDemand> = rd
-                .keys
-                .iter()
-                .map(|k| KeyDemand {
-                    key: k.key.clone(),
-                    asked: k.asked,
-                    allowed: k.allowed,
-                })
-                .collect();
-            inbox
-                .demand
-                .record(&report.region, &rd.rule, period, &keys, rd.remainder_asked);
-            let pods = inbox.acks.live_pods(&report.region, now, recent);
-            if inbox.demand.follow_steps(
-                &report.region,
-                &rd.rule,
-                period,
-                &keys,
-                rd.remainder_asked,
-                report.interval_ms,
-                pods,
-            ) {
-                counter!("meridian_coordinator_demand_steps_total").increment(1);
-                inbox.top_up = true;
-                wake = true;
-            }
-        }
-        for t in &report.top_ups {
-            let Some(period) = inbox.policies.period_ms.get(&t.rule).copied() else {
-                continue;
-            };
-            if !(t.per_period.is_finite() && t.per_period >= 0.0) {
-                continue;
-            }
-            counter!("meridian_coordinator_top_ups_total").increment(1);
-            let pace = Pace {
-                pod_per_period: t.per_period,
-                interval_ms: t.interval_ms,
-                pods: inbox.acks.live_pods(&report.region, now, recent),
-            };
-            if inbox
-                .demand
-                .bump(&report.region, &t.rule, period, &t.key, pace)
-            {
-                inbox.top_up = true;
-                wake = true;
-            }
-        }
+        let Some(mut guard) = self.leading(&applied, now) else {
+            return;
+        };
+        let regions = region_defs(&applied.registry);
+        let heard = guard.leader.ingest(
+            &pod_report(report),
+            &applied.registry.allocations,
+            &regions,
+            now,
+        );
+        drop(guard);
         counter!("meridian_coordinator_reports_total").increment(1);
-        drop(inbox);
-        if wake {
+        counter!("meridian_coordinator_demand_steps_total").increment(u64::from(heard.steps));
+        counter!("meridian_coordinator_top_ups_total").increment(report.top_ups.len() as u64);
+        if heard.wake {
             self.wake.notify_one();
         }
     }
 
     /// The leader's loop; runs on every node, acts only while leading.
     pub async fn run(self: Arc<Self>) {
-        let interval_ms = self.config.rebalance_interval.as_millis() as i64;
-        let lead_ms = self.config.round_lead.as_millis() as i64;
-        let mut due = allocation::next_round_at(now_unix_ms(), interval_ms, lead_ms);
         loop {
-            let wait = Duration::from_millis((due - now_unix_ms()).max(0) as u64);
-            let scheduled = tokio::select! {
-                () = tokio::time::sleep(wait) => {
-                    due = allocation::next_round_at(now_unix_ms(), interval_ms, lead_ms);
-                    true
-                }
+            let due_at = self.lock().leader.next_due();
+            let wait = Duration::from_millis((due_at.saturating_sub(now_unix_ms())).max(0) as u64);
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
                 () = self.wake.notified() => {
-                    tokio::time::sleep(ACK_DEBOUNCE).await;
-                    false
+                    // Acknowledgements arriving together make one round.
+                    tokio::time::sleep(Duration::from_millis(ACK_DEBOUNCE_MS as u64)).await;
                 }
-            };
-            if !self.is_leader() {
-                self.lock().seeded_term = None;
-                continue;
             }
-            if let Err(e) = self.round(scheduled).await {
+            if let Err(e) = self.round().await {
                 tracing::warn!(error = %e, "rebalance round failed");
                 counter!("meridian_coordinator_rebalance_failures_total").increment(1);
             }
         }
     }
 
-    async fn round(&self, scheduled: bool) -> Result<(), String> {
+    /// Runs the round the leader says is due, if any, and commits its epoch.
+    async fn round(&self) -> Result<(), String> {
         let applied: Arc<Applied> = self.node.applied.borrow().clone();
-        let term = self.node.raft.metrics().borrow().current_term;
         let now = now_unix_ms();
         let started = Instant::now();
-        let cfg = &self.config.rebalancer;
-        let (next, unknown) = {
-            let mut inbox = self.lock();
-            if inbox.seeded_term != Some(term) {
-                // New leadership: continue from the committed demand.
-                inbox.demand = DemandTracker::new(cfg.ewma_alpha);
-                inbox.demand.seed(&applied.registry.allocations);
-                inbox.seeded_term = Some(term);
-                inbox.last_roll = Some(Instant::now());
-                tracing::info!(
-                    epoch = applied.registry.allocations.epoch,
-                    "leading: demand seeded from the last epoch"
-                );
-            }
-            refresh_policies(&mut inbox.policies, &applied.registry);
-            let policies = inbox.policies.clone();
-            inbox
-                .demand
-                .retain_rules(|r| policies.period_ms.contains_key(r));
-            let since_roll = inbox.last_roll.map_or(Duration::ZERO, |t| t.elapsed());
-            // A scheduled round rolls the interval's reports into the EWMA;
-            // right after seeding there is nothing to roll yet.
-            let full = scheduled && since_roll >= self.config.rebalance_interval / 2;
-            let top_up = !full
-                && (std::mem::take(&mut inbox.regions_changed)
-                    || inbox.top_up
-                        && inbox
-                            .last_top_up_round
-                            .is_none_or(|t| t.elapsed() >= TOP_UP_GAP));
-            if full {
-                inbox.demand.roll(since_roll.as_millis() as u64);
-                inbox.last_roll = Some(Instant::now());
-            }
-            if full || top_up {
-                inbox.top_up = false;
-                inbox.last_top_up_round = Some(Instant::now());
-            }
-            inbox.acks.forget_before(now - 2 * cfg.lease_ms);
-            let regions = region_inputs(&applied.registry, &inbox.acks, now, cfg.lease_ms);
-            let in_window = in_window(&policies, &regions, &inbox.acks, now, cfg.lease_ms);
-            let round = Round {
-                now_ms: now,
-                regions: &regions,
-                rules: &policies.rules,
-                demand: (full || top_up).then_some(&inbox.demand),
-                in_window: Some(&in_window),
+        let (delta, unknown) = {
+            let Some(mut guard) = self.leading(&applied, now) else {
+                // Not leading: sleep until the next scheduled instant.
+                let mut guard = self.lock();
+                let _ = guard.leader.due(now);
+                return Ok(());
             };
-            let next = rebalance(&applied.registry.allocations, &round, cfg);
-            (next, std::mem::take(&mut inbox.unknown_regions))
+            let Some(kind) = guard.leader.due(now) else {
+                return Ok(());
+            };
+            let regions = region_defs(&applied.registry);
+            let delta = guard
+                .leader
+                .round(kind, now, &applied.registry.allocations, &regions);
+            (delta, guard.leader.take_unknown_regions())
         };
         histogram!("meridian_coordinator_rebalance_seconds")
             .record(started.elapsed().as_secs_f64());
-        if !unknown.is_empty() {
-            // Give the new regions a lease and a share without waiting for
-            // the next scheduled round.
-            self.lock().regions_changed = true;
-            self.wake.notify_one();
-        }
         for name in unknown {
             // A region exists once its limiters report: register it with
-            // weight 1 so it gets a share (operators adjust the weight).
+            // weight 1 so it gets a share (operators adjust the weight). Its
+            // next report finds it registered without a lease, which runs a
+            // round at once.
             tracing::info!(region = %name, "registering a region that reported");
             let command = Command::PutRegion {
                 name,
@@ -354,11 +223,9 @@ impl Allocator {
                 tracing::warn!(error = %e, "cannot register region");
             }
         }
-        let state = &applied.registry.allocations;
-        if is_noop(state, &next) {
+        let Some(delta) = delta else {
             return Ok(());
-        }
-        let delta = state.diff(&next);
+        };
         let epoch = delta.epoch;
         let bytes = bincode::serialized_size(&delta).unwrap_or(0);
         self.node
@@ -373,63 +240,104 @@ impl Allocator {
         Ok(())
     }
 
-    /// Pods and the epoch each holds, for the admin API.
-    pub fn pods(&self) -> Vec<(String, String, u64, Millis)> {
-        self.lock().acks.pods()
+    /// Pods and the epoch each holds (leader only), for the admin API.
+    pub fn pods(&self) -> Vec<PodEpoch> {
+        self.lock().leader.pods()
     }
 
     /// Keys with tracked demand per global rule (leader only), for the admin API.
     pub fn tracked_keys(&self, rule: &str) -> usize {
-        self.lock().demand.key_count(rule)
+        self.lock().leader.tracked_keys(rule)
     }
 }
 
-fn region_inputs(
-    registry: &Registry,
-    acks: &AckTracker,
-    now: Millis,
-    lease_ms: i64,
-) -> Vec<RegionInput> {
+/// The registered regions as the leader needs them.
+fn region_defs(registry: &Registry) -> Vec<RegionDef> {
     registry
         .regions
         .values()
-        .map(|r| {
-            let (acked, heard) = acks.region(&r.name, now, lease_ms);
-            RegionInput {
-                name: r.name.clone(),
-                weight: r.weight,
-                status: match r.state {
-                    RegionState::Active => RegionStatus::Active,
-                    RegionState::Draining => RegionStatus::Draining,
-                    RegionState::Failed => RegionStatus::Failed,
-                },
-                last_heard_ms: heard,
-                acked,
-            }
+        .map(|r| RegionDef {
+            name: r.name.clone(),
+            weight: r.weight,
+            status: match r.state {
+                RegionState::Active => RegionStatus::Active,
+                RegionState::Draining => RegionStatus::Draining,
+                RegionState::Failed => RegionStatus::Failed,
+            },
         })
         .collect()
 }
 
+/// A limiter's report in the leader's terms.
+fn pod_report(report: &pb::DemandReport) -> PodReport {
+    PodReport {
+        region: report.region.clone(),
+        pod: report.pod.clone(),
+        epoch: report.epoch,
+        interval_ms: report.interval_ms,
+        rules: report
+            .rules
+            .iter()
+            .map(|rd| RuleDemand {
+                rule: rd.rule.clone(),
+                keys: rd
+                    .keys
+                    .iter()
+                    .map(|k| KeyDemand {
+                        key: k.key.clone(),
+                        asked: k.asked,
+                        allowed: k.allowed,
+                    })
+                    .collect(),
+                remainder_asked: rd.remainder_asked,
+            })
+            .collect(),
+        used: report
+            .used
+            .iter()
+            .map(|u| RuleUse {
+                rule: u.rule.clone(),
+                window_start_ms: u.window_start_unix_ms,
+                used: WindowUse {
+                    count: u.count,
+                    cap: u.cap,
+                },
+            })
+            .collect(),
+        top_ups: report
+            .top_ups
+            .iter()
+            .map(|t| TopUp {
+                rule: t.rule.clone(),
+                key: t.key.clone(),
+                per_period: t.per_period,
+                interval_ms: t.interval_ms,
+            })
+            .collect(),
+    }
+}
+
 /// The rule-set version every region enforces: the current one once it is
 /// at stage `all`, else the last stable one.
-fn enforced_version(registry: &Registry) -> Option<&super::state::RuleSetVersion> {
+fn enforced_version(registry: &Registry) -> Option<&RuleSetVersion> {
     match registry.current() {
         Some(v) if v.stage == Stage::All => Some(v),
         _ => registry.stable(),
     }
 }
 
-fn refresh_policies(policies: &mut Policies, registry: &Registry) {
+/// Gives the leader the global rules of the enforced rule-set version when
+/// that version changed.
+fn refresh_rules(leader: &mut Leader, registry: &Registry) {
     let version = enforced_version(registry);
     let number = version.map(|v| v.number);
-    if policies.version == number && number.is_some() {
+    if leader.rules_version() == number && number.is_some() {
         return;
     }
-    *policies = Policies {
-        version: number,
-        ..Policies::default()
+    let Some(version) = version else {
+        leader.set_rules(None, Vec::new());
+        return;
     };
-    let Some(version) = version else { return };
     let files: Vec<RuleFile> = version
         .files
         .iter()
@@ -438,65 +346,12 @@ fn refresh_policies(policies: &mut Policies, registry: &Registry) {
             text: text.clone(),
         })
         .collect();
-    let set = match RuleSet::parse(&files) {
-        Ok(set) => set,
+    match RuleSet::parse(&files) {
+        Ok(set) => leader.set_rules(number, GlobalRule::of_rule_set(&set)),
         Err(e) => {
             // Validated before commit; a parser change could still refuse it.
             tracing::error!(version = version.number, error = %e, "enforced rule set no longer parses");
-            return;
-        }
-    };
-    for rule in set.rules() {
-        let Some(params) = &rule.params else { continue };
-        if rule.scope != Scope::Global {
-            continue;
-        }
-        policies.rules.push(RulePolicy {
-            rule: rule.id.clone(),
-            limit: params.limit(),
-            partition: rule.partition,
-            fallback: rule.fallback,
-            window_ms: (!params.algorithm().has_burst())
-                .then(|| params.period().as_millis() as u64),
-        });
-        policies
-            .period_ms
-            .insert(rule.id.clone(), params.period().as_millis() as u64);
-        if params.algorithm() == Algorithm::FixedWindow && rule.accuracy == Accuracy::Exact {
-            policies
-                .counted_ms
-                .insert(rule.id.clone(), params.period().as_millis() as u64);
+            leader.set_rules(number, Vec::new());
         }
     }
-    policies.rules.sort_by(|a, b| a.rule.cmp(&b.rule));
-}
-
-/// The current window's use of every counted rule in every region, from the
-/// reports of the pods heard within the lease.
-fn in_window(
-    policies: &Policies,
-    regions: &[RegionInput],
-    acks: &AckTracker,
-    now: Millis,
-    within_ms: i64,
-) -> BTreeMap<String, InWindow> {
-    policies
-        .counted_ms
-        .iter()
-        .filter(|(_, period)| **period > 0)
-        .map(|(rule, period)| {
-            let p = *period as Millis;
-            let start = now.div_euclid(p) * p;
-            let window = InWindow {
-                start_ms: start,
-                until_ms: start + p,
-                elapsed: (now - start) as f64 / p as f64,
-                regions: regions
-                    .iter()
-                    .map(|r| acks.region_use(&r.name, rule, start, now, within_ms))
-                    .collect(),
-            };
-            (rule.clone(), window)
-        })
-        .collect()
 }

@@ -987,8 +987,8 @@ async fn get_leases(State(api): State<Api>, uri: Uri, headers: HeaderMap) -> Res
             let lease = state.regions.get(&r.name).copied().unwrap_or_default();
             let region_pods: Vec<Value> = pods
                 .iter()
-                .filter(|(region, ..)| *region == r.name)
-                .map(|(_, pod, epoch, at)| json!({ "pod": pod, "epoch": epoch, "last_heard_unix_ms": at }))
+                .filter(|p| p.region == r.name)
+                .map(|p| json!({ "pod": p.pod, "epoch": p.epoch, "last_heard_unix_ms": p.last_heard_ms }))
                 .collect();
             json!({
                 "region": r.name,

@@ -129,7 +129,7 @@ pub struct CoordinatorArgs {
 
 impl CoordinatorArgs {
     /// The rebalancer's settings, checked.
-    pub fn allocator_config(&self) -> Result<allocator::AllocatorConfig, String> {
+    pub fn allocator_config(&self) -> Result<crate::allocation::leader::LeaderConfig, String> {
         let fraction = |name: &str, v: f64| {
             if (0.0..=1.0).contains(&v) {
                 Ok(v)
@@ -173,9 +173,10 @@ impl CoordinatorArgs {
             None => Duration::from_millis(crate::allocation::ROUND_LEAD_MS as u64)
                 .min(self.rebalance_interval / 4),
         };
-        Ok(allocator::AllocatorConfig {
-            rebalance_interval: self.rebalance_interval,
-            round_lead,
+        Ok(crate::allocation::leader::LeaderConfig {
+            rebalance_interval_ms: self.rebalance_interval.as_millis() as i64,
+            round_lead_ms: round_lead.as_millis() as i64,
+            top_up: true,
             rebalancer: crate::allocation::Config {
                 lease_ms: self.lease.as_millis() as i64,
                 suspect_after_ms: self.suspect_after.as_millis() as i64,

@@ -2,8 +2,9 @@
 //! them and the coordinator, and the coordinator itself — advanced in virtual
 //! time, one step at a time, with control-plane messages as timed events.
 //!
-//! Meridian's coordinator is the real one minus Raft: `rebalance`, `diff`,
-//! `apply`, `region_update`, `DemandTracker`, `AckTracker`, and every pod
+//! Meridian's coordinator is the real one minus Raft: the coordinator's own
+//! [`Leader`] decides every round (demand, acknowledgements, top-ups, in-window
+//! re-grants), its deltas are applied with `Allocations::apply`, and every pod
 //! enforces through the real `Table`. A committed epoch is what the leader
 //! would commit; replication delay is folded into the network latency.
 
@@ -15,14 +16,16 @@ use rand::{Rng, SeedableRng};
 
 use crate::algorithm::Algorithm;
 use crate::algorithm::Micros;
-use crate::allocation::demand::{AckTracker, DemandTracker, KeyDemand, Pace, bound_report};
-use crate::allocation::rebalance::{Round, is_noop, rebalance};
+use crate::allocation::demand::{DemandTracker, KeyDemand, bound_report};
+use crate::allocation::leader::{
+    GlobalRule, Leader, LeaderConfig, PodReport, RegionDef, RuleDemand, RuleUse, TopUp,
+};
 use crate::allocation::table::{RegionUpdate, RuleUpdate, Table, region_update};
 use crate::allocation::{
-    Allocations, Epoch, InWindow, Millis, RegionInput, RegionStatus, RulePolicy, TOP_UP_AT,
-    WindowUse, fallback_share, next_round_at, static_shares,
+    Allocations, EpochDelta, Millis, RegionInput, RegionStatus, TOP_UP_AT, WindowUse,
+    fallback_share, next_round_at, static_shares,
 };
-use crate::rules::Partition;
+use crate::rules::{Accuracy, Partition};
 
 use super::enforce::{Counters, ParamsCache};
 use super::scenario::Scenario;
@@ -76,35 +79,13 @@ enum Event {
         pod: usize,
         update: Rc<RegionUpdate>,
     },
-    /// Pod → coordinator: the epoch it now holds.
-    Ack {
-        region: usize,
-        pod: usize,
-        epoch: Epoch,
-        used: Option<(Millis, WindowUse)>,
-    },
-    Report {
-        region: usize,
-        pod: usize,
-        keys: Vec<KeyDemand>,
-        remainder: u64,
-        /// The span the counts cover.
-        interval_ms: u64,
-        epoch: Epoch,
-        used: Option<(Millis, WindowUse)>,
-    },
-    TopUp {
-        region: usize,
-        key: u32,
-        /// The pod's pace since its last report, per period, and that span.
-        per_period: f64,
-        interval_ms: u64,
-    },
-    /// A rebalance round; `roll` marks the scheduled ones, which end a demand
-    /// sampling interval (early top-up rounds do not).
-    Round { roll: bool },
-    /// Acknowledgements arrived: grant what they released.
-    Transition,
+    /// Pod → coordinator: demand, the epoch it holds (an acknowledgement
+    /// alone has no demand) and top-up requests, as a limiter reports them.
+    Report { region: usize, report: PodReport },
+    /// Meridian: the leader may have a round due.
+    Lead,
+    /// Proportional share: a scheduled re-division.
+    Round,
 }
 
 struct Pod {
@@ -129,20 +110,23 @@ struct Region {
 
 /// The coordinator's memory.
 struct Coordinator {
+    /// The committed allocation state (Meridian); Proportional uses only its
+    /// epoch number.
     state: Allocations,
-    demand: DemandTracker,
-    acks: AckTracker,
+    /// Meridian: the coordinator's own leader, in virtual time.
+    leader: Leader,
+    /// The earliest pending [`Event::Lead`] (relative ms).
+    lead_at: Option<i64>,
+    /// Proportional share: Doorman's latest wants (unsmoothed), and when
+    /// they were last rolled.
+    wants: DemandTracker,
+    last_roll: i64,
     /// The epoch each pod's stream has carried; `None` after the stream
     /// broke (a snapshot follows when the link is back).
-    sent: Vec<Vec<Option<Epoch>>>,
+    sent: Vec<Vec<Option<u64>>>,
     /// Proportional share: the last update per region, resent on reconnect.
     latest: Vec<Option<Rc<RegionUpdate>>>,
-    last_roll: i64,
-    last_full: i64,
-    early_pending: bool,
-    transition_pending: bool,
-    inputs: Vec<RegionInput>,
-    policy: Vec<RulePolicy>,
+    regions: Vec<RegionDef>,
 }
 
 /// What one strategy admitted in the current window (closed by the runner).
@@ -231,32 +215,26 @@ impl Engine {
                 static_share: *share,
             })
             .collect();
-        let policy = vec![RulePolicy {
-            rule: RULE.into(),
-            limit: s.rule.limit,
-            partition: s.rule.partition,
-            fallback: s.rule.fallback,
-            window_ms: s.rule.windowed().then_some(s.rule.period_ms as u64),
-        }];
         let coordinator =
             matches!(strategy, Strategy::Proportional | Strategy::Meridian).then(|| {
-                let alpha = match strategy {
-                    // Doorman acts on the latest wants, unsmoothed.
-                    Strategy::Proportional => 1.0,
-                    _ => s.coordinator.config.ewma_alpha,
-                };
                 Coordinator {
                     state: Allocations::default(),
-                    demand: DemandTracker::new(alpha),
-                    acks: AckTracker::new(s.coordinator.config.suspect_after_ms),
+                    leader: new_leader(s),
+                    lead_at: None,
+                    // Doorman acts on the latest wants, unsmoothed.
+                    wants: DemandTracker::new(1.0),
+                    last_roll: 0,
                     sent: s.regions.iter().map(|r| vec![None; r.pods]).collect(),
                     latest: vec![None; s.regions.len()],
-                    last_roll: 0,
-                    last_full: 0,
-                    early_pending: false,
-                    transition_pending: false,
-                    inputs,
-                    policy,
+                    regions: s
+                        .regions
+                        .iter()
+                        .map(|r| RegionDef {
+                            name: r.name.clone(),
+                            weight: r.weight,
+                            status: RegionStatus::Active,
+                        })
+                        .collect(),
                 }
             });
         let n = s.regions.len();
@@ -290,43 +268,56 @@ impl Engine {
     /// The system has been running before t = 0: every pod holds the first
     /// epoch (the static split) and the coordinator knows it.
     fn bootstrap(&mut self) {
-        let interval = self.scenario.coordinator.rebalance_interval_ms;
         match self.strategy {
             Strategy::Meridian => {
+                // Every pod says it is there; the leader grants the regions
+                // their leases and static shares in one round, which every
+                // pod holds and acknowledges at t = 0.
+                for r in 0..self.regions.len() {
+                    for p in 0..self.regions[r].pods.len() {
+                        let report = self.pod_report(r, p, 0);
+                        self.ingest(0, &report);
+                    }
+                }
                 let Some(c) = self.coordinator.as_mut() else {
                     return;
                 };
-                let round = Round {
-                    now_ms: abs(0),
-                    regions: &c.inputs,
-                    rules: &c.policy,
-                    demand: Some(&c.demand),
-                    in_window: None,
-                };
-                let next = rebalance(&c.state, &round, &self.scenario.coordinator.config);
-                let delta = c.state.diff(&next);
-                c.state.apply(&delta);
+                if let Some(kind) = c.leader.due(abs(0))
+                    && let Some(delta) = c.leader.round(kind, abs(0), &c.state, &c.regions)
+                {
+                    c.state.apply(&delta);
+                }
                 for (r, region) in self.regions.iter_mut().enumerate() {
                     let name = &self.scenario.regions[r].name;
                     if let Some(update) = region_update(&c.state, name, None) {
                         for (p, pod) in region.pods.iter_mut().enumerate() {
                             let _ = pod.table.apply(&update, abs(0), |_| None);
-                            c.acks.record(&pod.id, name, c.state.epoch, abs(0));
                             c.sent[r][p] = Some(c.state.epoch);
                         }
                     }
                 }
+                for r in 0..self.regions.len() {
+                    for p in 0..self.regions[r].pods.len() {
+                        let report = self.pod_report(r, p, 0);
+                        self.ingest(0, &report);
+                    }
+                }
+                self.schedule_lead(0);
             }
             Strategy::Proportional => {
                 let demand = vec![0.0; self.regions.len()];
                 self.publish_proportional(0, &demand, &[], true);
+                // Scheduled re-divisions end just before window boundaries,
+                // as the coordinator's rounds do.
+                let first = next_round_at(
+                    abs(0),
+                    self.scenario.coordinator.rebalance_interval_ms,
+                    self.scenario.coordinator.round_lead_ms,
+                );
+                self.schedule(first - abs(0), Event::Round);
             }
-            _ => return,
+            _ => {}
         }
-        // Scheduled rounds end just before window boundaries, as the
-        // coordinator's do.
-        let first = next_round_at(abs(0), interval, self.scenario.coordinator.round_lead_ms);
-        self.schedule(first - abs(0), Event::Round { roll: true });
     }
 
     fn schedule(&mut self, at: i64, event: Event) {
@@ -441,147 +432,117 @@ impl Engine {
                     .then_some(self.scenario.rule.period_ms as u64);
                 let table = &mut self.regions[region].pods[pod].table;
                 let _ = table.apply(&update, abs(at), |_| window);
-                let epoch = table.epoch();
-                let used = self.window_use(region, pod, at);
+                // The pod acknowledges the epoch it now holds.
+                let report = self.pod_report(region, pod, at);
                 let lat = self.latency(region);
-                self.schedule(
-                    at + lat,
-                    Event::Ack {
-                        region,
-                        pod,
-                        epoch,
-                        used,
-                    },
-                );
+                self.schedule(at + lat, Event::Report { region, report });
             }
-            Event::Ack {
-                region,
-                pod,
-                epoch,
-                used,
-            } => {
-                if !self.link(region, at) {
-                    return;
+            Event::Report { region, report } => {
+                if self.link(region, at) {
+                    self.ingest(at, &report);
                 }
-                let id = self.regions[region].pods[pod].id.clone();
-                let Some(c) = self.coordinator.as_mut() else {
-                    return;
-                };
-                c.acks
-                    .record(&id, &self.scenario.regions[region].name, epoch, abs(at));
-                if let Some((start, u)) = used {
-                    c.acks.record_use(&id, RULE, start, u);
-                }
-                // Only while a shrink awaits its acknowledgement or a grow its
-                // capacity: an ack changes the lease's `acked`, so a round
-                // run on every ack would commit an epoch whose acks trigger
-                // the next, forever.
-                if self.strategy == Strategy::Meridian
-                    && !c.transition_pending
-                    && transition_pending(&c.state)
+            }
+            Event::Lead => {
+                if let Some(c) = self.coordinator.as_mut()
+                    && c.lead_at == Some(at)
                 {
-                    c.transition_pending = true;
-                    self.schedule(at, Event::Transition);
+                    c.lead_at = None;
                 }
+                self.lead(at);
             }
-            Event::Report {
-                region,
-                pod,
-                keys,
-                remainder,
-                interval_ms,
-                epoch,
-                used,
-            } => {
-                if !self.link(region, at) {
-                    return;
-                }
-                let id = self.regions[region].pods[pod].id.clone();
-                let name = &self.scenario.regions[region].name;
-                let period = self.scenario.rule.period_ms as u64;
-                let recent = self.scenario.coordinator.config.suspect_after_ms;
-                let Some(c) = self.coordinator.as_mut() else {
-                    return;
-                };
-                c.demand.record(name, RULE, period, &keys, remainder);
-                c.acks.record(&id, name, epoch, abs(at));
-                if let Some((start, u)) = used {
-                    c.acks.record_use(&id, RULE, start, u);
-                }
-                let pods = c.acks.live_pods(name, abs(at), recent);
-                let stepped = self.strategy == Strategy::Meridian
-                    && self.scenario.coordinator.top_up
-                    && c.demand.follow_steps(
-                        name,
-                        RULE,
-                        period,
-                        &keys,
-                        remainder,
-                        interval_ms,
-                        pods,
-                    );
-                if stepped {
-                    self.early_round(at);
-                }
-            }
-            Event::TopUp {
-                region,
-                key,
-                per_period,
-                interval_ms,
-            } => {
-                if !self.link(region, at) {
-                    return;
-                }
-                let name = &self.scenario.regions[region].name;
-                let period = self.scenario.rule.period_ms as u64;
-                let Some(c) = self.coordinator.as_mut() else {
-                    return;
-                };
-                let recent = self.scenario.coordinator.config.suspect_after_ms;
-                let pace = Pace {
-                    pod_per_period: per_period,
-                    interval_ms,
-                    pods: c.acks.live_pods(name, abs(at), recent),
-                };
-                if c.demand
-                    .bump(name, RULE, period, &self.keys[key as usize], pace)
-                {
-                    self.early_round(at);
-                }
-            }
-            Event::Round { roll } => {
-                if roll {
-                    let interval = self.scenario.coordinator.rebalance_interval_ms;
-                    self.schedule(at + interval, Event::Round { roll: true });
-                } else if let Some(c) = self.coordinator.as_mut() {
-                    c.early_pending = false;
-                }
+            Event::Round => {
+                let interval = self.scenario.coordinator.rebalance_interval_ms;
+                self.schedule(at + interval, Event::Round);
                 if self.coordinator_up(at) {
-                    self.round(at, roll);
-                }
-            }
-            Event::Transition => {
-                if let Some(c) = self.coordinator.as_mut() {
-                    c.transition_pending = false;
-                }
-                if self.coordinator_up(at) {
-                    self.transition(at);
+                    self.round_proportional(at);
                 }
             }
         }
     }
 
-    /// An out-of-cycle round for a top-up or a demand step: at most one per
-    /// second, as the coordinator runs them.
-    fn early_round(&mut self, at: i64) {
+    /// The coordinator hears a pod's report.
+    fn ingest(&mut self, at: i64, report: &PodReport) {
+        let meridian = self.strategy == Strategy::Meridian;
         let Some(c) = self.coordinator.as_mut() else {
             return;
         };
-        if !c.early_pending {
-            c.early_pending = true;
-            let when = at.max(c.last_full + 1000);
-            self.schedule(when, Event::Round { roll: false });
+        if !meridian {
+            for rd in &report.rules {
+                let period = self.scenario.rule.period_ms as u64;
+                c.wants
+                    .record(&report.region, RULE, period, &rd.keys, rd.remainder_asked);
+            }
+            return;
+        }
+        let heard = c.leader.ingest(report, &c.state, &c.regions, abs(at));
+        if heard.wake {
+            self.schedule_lead(at);
+        }
+    }
+
+    /// Makes sure an [`Event::Lead`] is pending for the leader's next due
+    /// time (never before `now`).
+    fn schedule_lead(&mut self, now: i64) {
+        let Some(c) = self.coordinator.as_mut() else {
+            return;
+        };
+        let at = (c.leader.next_due().saturating_sub(T0_MS)).max(now);
+        if c.lead_at.is_some_and(|pending| pending <= at) {
+            return;
+        }
+        c.lead_at = Some(at);
+        self.schedule(at, Event::Lead);
+    }
+
+    /// Runs every round the leader has due at `now` and publishes its epochs.
+    fn lead(&mut self, now: i64) {
+        if let Some(end) = self.outage_end(now) {
+            // No coordinator is reachable: nothing runs until it is back.
+            self.schedule(end, Event::Lead);
+            return;
+        }
+        loop {
+            let Some(c) = self.coordinator.as_mut() else {
+                return;
+            };
+            let Some(kind) = c.leader.due(abs(now)) else {
+                break;
+            };
+            if let Some(delta) = c.leader.round(kind, abs(now), &c.state, &c.regions) {
+                self.publish(now, delta);
+            }
+        }
+        self.schedule_lead(now + 1);
+    }
+
+    /// When the coordinator outage covering `t` ends.
+    fn outage_end(&self, t: i64) -> Option<i64> {
+        self.scenario
+            .coordinator
+            .outages
+            .iter()
+            .find(|o| o.contains(t))
+            .map(|o| o.to_ms)
+    }
+
+    /// What pod `p` of region `r` tells the coordinator at `t` besides
+    /// demand: the epoch it holds and its use of the current window.
+    fn pod_report(&self, r: usize, p: usize, t: i64) -> PodReport {
+        let pod = &self.regions[r].pods[p];
+        PodReport {
+            region: self.scenario.regions[r].name.clone(),
+            pod: pod.id.clone(),
+            epoch: pod.table.epoch(),
+            used: self
+                .window_use(r, p, t)
+                .map(|(start, used)| RuleUse {
+                    rule: RULE.into(),
+                    window_start_ms: start,
+                    used,
+                })
+                .into_iter()
+                .collect(),
+            ..PodReport::default()
         }
     }
 
@@ -601,116 +562,32 @@ impl Engine {
         Some((window * period, WindowUse { count, cap }))
     }
 
-    /// The current window's use in every region, when each one's live pods
-    /// all reported it.
-    fn in_window(&self, now: i64) -> Option<BTreeMap<String, InWindow>> {
-        let c = self.coordinator.as_ref()?;
-        if self.strategy != Strategy::Meridian
-            || self.scenario.rule.algorithm != Algorithm::FixedWindow
-        {
-            return None;
-        }
-        let period = self.scenario.rule.period_ms;
-        let start = abs(now).div_euclid(period) * period;
-        let within = self.scenario.coordinator.config.lease_ms;
-        let regions = c
-            .inputs
-            .iter()
-            .map(|r| c.acks.region_use(&r.name, RULE, start, abs(now), within))
-            .collect();
-        let mut map = BTreeMap::new();
-        map.insert(
-            RULE.to_string(),
-            InWindow {
-                start_ms: start,
-                until_ms: start + period,
-                elapsed: (abs(now) - start) as f64 / period as f64,
-                regions,
-            },
-        );
-        Some(map)
-    }
-
-    fn region_inputs(&mut self, now: i64) {
-        let window = 2 * self.scenario.coordinator.report_interval_ms + 1000;
+    /// Proportional share: re-divides by the wants of the last interval.
+    fn round_proportional(&mut self, now: i64) {
         let Some(c) = self.coordinator.as_mut() else {
             return;
         };
-        for input in c.inputs.iter_mut() {
-            let (acked, heard) = c.acks.region(&input.name, abs(now), window);
-            input.acked = acked;
-            input.last_heard_ms = heard;
-        }
+        c.wants.roll((now - c.last_roll).max(1) as u64);
+        c.last_roll = now;
+        let names: Vec<&str> = c.regions.iter().map(|r| r.name.as_str()).collect();
+        let mut totals = Vec::new();
+        c.wants.rule_totals(RULE, &names, &mut totals);
+        let mut keys: Vec<(String, Vec<f64>)> = Vec::new();
+        c.wants.for_each_key(RULE, &names, &mut |k, d| {
+            keys.push((k.to_string(), d.to_vec()))
+        });
+        // The tracker iterates a hash map: sort so output is seeded only.
+        keys.sort_by(|a, b| a.0.cmp(&b.0));
+        self.publish_proportional(now, &totals, &keys, false);
     }
 
-    fn round(&mut self, now: i64, roll: bool) {
-        self.region_inputs(now);
-        let in_window = self.in_window(now);
-        let Some(c) = self.coordinator.as_mut() else {
-            return;
-        };
-        if roll {
-            c.demand.roll((now - c.last_roll).max(1) as u64);
-            c.last_roll = now;
-        }
-        c.last_full = now;
-        match self.strategy {
-            Strategy::Meridian => {
-                let round = Round {
-                    now_ms: abs(now),
-                    regions: &c.inputs,
-                    rules: &c.policy,
-                    demand: Some(&c.demand),
-                    in_window: in_window.as_ref(),
-                };
-                let next = rebalance(&c.state, &round, &self.scenario.coordinator.config);
-                if !is_noop(&c.state, &next) {
-                    self.publish(now, next);
-                }
-            }
-            Strategy::Proportional => {
-                let names: Vec<&str> = c.inputs.iter().map(|r| r.name.as_str()).collect();
-                let mut totals = Vec::new();
-                c.demand.rule_totals(RULE, &names, &mut totals);
-                let mut keys: Vec<(String, Vec<f64>)> = Vec::new();
-                c.demand.for_each_key(RULE, &names, &mut |k, d| {
-                    keys.push((k.to_string(), d.to_vec()))
-                });
-                // The tracker iterates a hash map: sort so output is seeded only.
-                keys.sort_by(|a, b| a.0.cmp(&b.0));
-                self.publish_proportional(now, &totals, &keys, false);
-            }
-            _ => {}
-        }
-    }
-
-    fn transition(&mut self, now: i64) {
-        self.region_inputs(now);
-        let in_window = self.in_window(now);
-        let Some(c) = self.coordinator.as_ref() else {
-            return;
-        };
-        let round = Round {
-            now_ms: abs(now),
-            regions: &c.inputs,
-            rules: &c.policy,
-            demand: None,
-            in_window: in_window.as_ref(),
-        };
-        let next = rebalance(&c.state, &round, &self.scenario.coordinator.config);
-        if !is_noop(&c.state, &next) {
-            self.publish(now, next);
-        }
-    }
-
-    /// Commits `next` and streams each pod its update.
-    fn publish(&mut self, now: i64, next: Allocations) {
+    /// Commits `delta` and streams each pod its update.
+    fn publish(&mut self, now: i64, delta: EpochDelta) {
         let links: Vec<bool> = (0..self.regions.len()).map(|r| self.link(r, now)).collect();
         let Some(c) = self.coordinator.as_mut() else {
             return;
         };
         let prev = c.state.epoch;
-        let delta = c.state.diff(&next);
         c.state.apply(&delta);
         let mut out = Vec::new();
         for (r, spec) in self.scenario.regions.iter().enumerate() {
@@ -888,20 +765,17 @@ impl Engine {
                 if !link || lost {
                     continue;
                 }
-                let (keys, remainder, _) = bound_report(keys, top_n);
-                let epoch = pod.table.epoch();
-                let used = self.window_use(r, p, t);
+                let (keys, remainder_asked, _) = bound_report(keys, top_n);
+                let mut report = self.pod_report(r, p, t);
+                report.interval_ms = interval_ms;
+                report.rules.push(RuleDemand {
+                    rule: RULE.into(),
+                    keys,
+                    remainder_asked,
+                });
                 out.push((
                     t + self.scenario.regions[r].latency_ms,
-                    Event::Report {
-                        region: r,
-                        pod: p,
-                        keys,
-                        remainder,
-                        interval_ms,
-                        epoch,
-                        used,
-                    },
+                    Event::Report { region: r, report },
                 ));
             }
         }
@@ -916,6 +790,8 @@ impl Engine {
         let s = self.scenario.clone();
         let period = s.rule.period_ms;
         let window = now_ms.div_euclid(period);
+        // Top-up requests, sent once the step's checks are counted.
+        let mut top_ups = Vec::new();
         for (r, spec) in s.regions.iter().enumerate() {
             let pods = spec.pods;
             // Key 0's allocation here, for the plots.
@@ -993,15 +869,16 @@ impl Engine {
                                 // period, as the limiter measures it.
                                 let elapsed = (t - since + s.step_ms).max(1);
                                 let per_period = pod_asked as f64 * period as f64 / elapsed as f64;
-                                self.schedule(
-                                    t + spec.latency_ms,
-                                    Event::TopUp {
-                                        region: r,
-                                        key,
+                                top_ups.push((
+                                    r,
+                                    p,
+                                    TopUp {
+                                        rule: RULE.into(),
+                                        key: self.keys[key as usize].clone(),
                                         per_period,
                                         interval_ms: elapsed as u64,
                                     },
-                                );
+                                ));
                             }
                         }
                     }
@@ -1015,6 +892,14 @@ impl Engine {
                 e.0 += n;
                 e.1 += admitted;
             }
+        }
+        for (r, p, top_up) in top_ups {
+            let mut report = self.pod_report(r, p, t);
+            report.top_ups.push(top_up);
+            self.schedule(
+                t + s.regions[r].latency_ms,
+                Event::Report { region: r, report },
+            );
         }
         if !s.rule.windowed() {
             self.check_bucket(t);
@@ -1063,20 +948,6 @@ impl Engine {
     }
 }
 
-/// Some slot is still moving: a shrink not yet acknowledged (`bound` above
-/// `granted`) or a grow not yet granted.
-fn transition_pending(state: &Allocations) -> bool {
-    let moving = |shares: &crate::allocation::Shares| {
-        shares
-            .values()
-            .any(|s| s.bound > s.granted || s.target > s.granted)
-    };
-    state
-        .rules
-        .values()
-        .any(|r| moving(&r.split) || r.keys.values().any(|k| moving(&k.shares)))
-}
-
 /// Doorman's proportional share, plus spare capacity by weight (so a region
 /// with no demand yet is not shut out for a whole interval).
 fn proportional(limit: u64, demand: &[f64], weights: &[f64]) -> Vec<u64> {
@@ -1097,4 +968,27 @@ fn proportional(limit: u64, demand: &[f64], weights: &[f64]) -> Vec<u64> {
             share.floor().max(0.0) as u64
         })
         .collect()
+}
+
+/// The coordinator's leader as the scenario configures it, dividing the
+/// scenario's one global rule.
+fn new_leader(s: &Scenario) -> Leader {
+    let mut leader = Leader::new(LeaderConfig {
+        rebalancer: s.coordinator.config.clone(),
+        rebalance_interval_ms: s.coordinator.rebalance_interval_ms,
+        round_lead_ms: s.coordinator.round_lead_ms,
+        top_up: s.coordinator.top_up,
+    });
+    let rule = GlobalRule::new(
+        RULE,
+        s.rule.limit,
+        s.rule.algorithm,
+        Accuracy::Exact,
+        s.rule.period_ms as u64,
+        s.rule.partition,
+        s.rule.fallback,
+    );
+    leader.set_rules(None, vec![rule]);
+    leader.seed(&Allocations::default(), abs(0));
+    leader
 }

@@ -1,0 +1,539 @@
+//! The allocation leader: reports in, rounds and epochs out.
+//!
+//! One pure type that the coordinator's Raft leader wraps (a lock, a tokio
+//! loop, the Raft commit) and that the simulator drives in virtual time, so a
+//! simulated bound is a statement about the real coordinator. It owns
+//! everything the leader decides from:
+//! - the smoothed demand ([`DemandTracker`]) and which epoch every pod holds
+//!   ([`AckTracker`]), both fed by [`Leader::ingest`];
+//! - the global rules of the enforced rule-set version ([`GlobalRule`]);
+//! - when the next round is due and of which kind ([`Leader::due`]).
+//!
+//! No I/O, no clock: every operation takes the time, the committed
+//! [`Allocations`] and the registered regions as arguments.
+//!
+//! ## Rounds
+//! - **full** — at scheduled instants ([`next_round_at`]): the interval's
+//!   reports roll into the EWMA, targets are recomputed, leases renewed;
+//! - **top-up** — out of cycle, at most every [`TOP_UP_GAP_MS`]: a region
+//!   asked for an early top-up, a report showed a step in demand, or a region
+//!   was heard without a valid lease; targets from the current demand, no
+//!   roll;
+//! - **transition** — a region acknowledged an epoch while a shrink awaited
+//!   its acknowledgement or a grow its capacity: targets stay, what the
+//!   acknowledgement released is granted.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::demand::{AckTracker, DemandTracker, KeyDemand, Pace};
+use super::rebalance::{Round, is_noop, rebalance};
+use super::{
+    Allocations, Config, Epoch, EpochDelta, InWindow, Millis, RegionInput, RegionStatus,
+    RulePolicy, Shares, WindowUse, next_round_at,
+};
+use crate::algorithm::Algorithm;
+use crate::rules::{Accuracy, Partition, RuleSet, Scope};
+
+/// Out-of-cycle rounds (top-ups, demand steps, new regions) run at most this
+/// often: each commits an epoch that every pod must receive and acknowledge.
+pub const TOP_UP_GAP_MS: i64 = 1_000;
+
+/// Acknowledgements arriving together (the pods of a region answer one
+/// epoch within milliseconds) are handled in one transition round.
+pub const ACK_DEBOUNCE_MS: i64 = 20;
+
+/// How the leader schedules rounds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaderConfig {
+    /// The rebalancer's knobs (leases, EWMA, floors, …).
+    pub rebalancer: Config,
+    /// Scheduled (full) rounds run every this long…
+    pub rebalance_interval_ms: i64,
+    /// …ending this long before each multiple of the interval in Unix time
+    /// (see [`next_round_at`]).
+    pub round_lead_ms: i64,
+    /// Whether top-up requests and demand steps start out-of-cycle rounds
+    /// (on in the coordinator; a simulator scenario may turn it off).
+    pub top_up: bool,
+}
+
+/// A global rule as the leader sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GlobalRule {
+    /// What the rebalancer divides.
+    pub policy: RulePolicy,
+    /// The rule's period: demand is smoothed in hits per period.
+    pub period_ms: u64,
+    /// Counted exactly in fixed windows: regions report their window use
+    /// for it, so it may be re-divided within a window ([`InWindow`]).
+    pub counted: bool,
+}
+
+impl GlobalRule {
+    /// The one definition of how a rule's algorithm and accuracy decide its
+    /// windows and whether its window use is exact.
+    pub fn new(
+        rule: &str,
+        limit: u64,
+        algorithm: Algorithm,
+        accuracy: Accuracy,
+        period_ms: u64,
+        partition: Partition,
+        fallback: f64,
+    ) -> GlobalRule {
+        GlobalRule {
+            policy: RulePolicy {
+                rule: rule.to_string(),
+                limit,
+                partition,
+                fallback,
+                window_ms: (!algorithm.has_burst()).then_some(period_ms),
+            },
+            period_ms,
+            counted: algorithm == Algorithm::FixedWindow && accuracy == Accuracy::Exact,
+        }
+    }
+
+    /// Every `scope: global` rule of a parsed rule set, sorted by id.
+    pub fn of_rule_set(set: &RuleSet) -> Vec<GlobalRule> {
+        let mut rules: Vec<GlobalRule> = set
+            .rules()
+            .filter(|rule| rule.scope == Scope::Global)
+            .filter_map(|rule| {
+                let params = rule.params.as_ref()?;
+                Some(GlobalRule::new(
+                    &rule.id,
+                    params.limit(),
+                    params.algorithm(),
+                    rule.accuracy,
+                    params.period().as_millis() as u64,
+                    rule.partition,
+                    rule.fallback,
+                ))
+            })
+            .collect();
+        rules.sort_by(|a, b| a.policy.rule.cmp(&b.policy.rule));
+        rules
+    }
+}
+
+/// A registered region, as the operator set it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RegionDef {
+    pub name: String,
+    /// Relative static share (> 0).
+    pub weight: f64,
+    pub status: RegionStatus,
+}
+
+/// One pod's report: demand since its last report, the epoch it holds (its
+/// acknowledgement), its use of the current window, and top-up requests.
+/// An acknowledgement alone is a report with no demand.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PodReport {
+    pub region: String,
+    pub pod: String,
+    /// The allocation epoch the pod holds.
+    pub epoch: Epoch,
+    /// The span the demand covers; 0 for an acknowledgement or a top-up alone.
+    pub interval_ms: u64,
+    pub rules: Vec<RuleDemand>,
+    pub used: Vec<RuleUse>,
+    pub top_ups: Vec<TopUp>,
+}
+
+/// Demand for one global rule in a report: the top keys and the rest.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RuleDemand {
+    pub rule: String,
+    pub keys: Vec<KeyDemand>,
+    /// Hits asked for every key not listed, summed.
+    pub remainder_asked: u64,
+}
+
+/// What a pod saw of a counted rule's current window.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RuleUse {
+    pub rule: String,
+    pub window_start_ms: Millis,
+    pub used: WindowUse,
+}
+
+/// A pod used most of a key's allocation mid-window and asks for more.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TopUp {
+    pub rule: String,
+    pub key: String,
+    /// The pod's pace for the key since its last report, hits per period.
+    pub per_period: f64,
+    /// The span that pace was measured over.
+    pub interval_ms: u64,
+}
+
+/// What one report changed, for the caller's metrics and wake-ups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Heard {
+    /// A round is due sooner than the next scheduled one: ask [`Leader::due`]
+    /// at [`Leader::next_due`].
+    pub wake: bool,
+    /// Demand steps followed at once.
+    pub steps: u32,
+    /// Top-up requests that raised demand.
+    pub top_ups: u32,
+}
+
+/// What kind of round is due (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoundKind {
+    Full,
+    TopUp,
+    Transition,
+}
+
+/// The leader's memory. Lives only on the Raft leader (and in the
+/// simulator); a new leader starts from the committed state with
+/// [`Leader::seed`], so nothing here needs replicating.
+#[derive(Debug)]
+pub struct Leader {
+    config: LeaderConfig,
+    /// Smoothed demand per rule, region and tracked key.
+    demand: DemandTracker,
+    /// The epoch each pod holds and its window use, from its reports.
+    acks: AckTracker,
+    /// The enforced rule-set version the rules below come from (`None`:
+    /// none yet, or set directly by the simulator).
+    rules_version: Option<u64>,
+    rules: Vec<GlobalRule>,
+    /// When demand last rolled into the EWMA.
+    last_roll_ms: Millis,
+    /// When the next scheduled round is due.
+    next_round_ms: Millis,
+    /// A top-up or a demand step asks for an out-of-cycle round.
+    top_up: bool,
+    /// When the last full or top-up round ran ([`TOP_UP_GAP_MS`]).
+    last_top_up_ms: Option<Millis>,
+    /// A region was heard without a valid lease (new, or back from a
+    /// partition): it gets one in the next round, whatever the gap says.
+    regions_changed: bool,
+    /// A region's acknowledged epoch advanced while something was moving:
+    /// a transition round is due [`ACK_DEBOUNCE_MS`] after this.
+    acked_at: Option<Millis>,
+    /// Regions that reported but are not registered.
+    unknown_regions: BTreeSet<String>,
+}
+
+impl Leader {
+    /// A leader that has not led yet; call [`Leader::seed`] when it starts.
+    pub fn new(config: LeaderConfig) -> Leader {
+        Leader {
+            demand: DemandTracker::new(config.rebalancer.ewma_alpha),
+            acks: AckTracker::new(config.rebalancer.suspect_after_ms),
+            config,
+            rules_version: None,
+            rules: Vec::new(),
+            last_roll_ms: 0,
+            next_round_ms: 0,
+            top_up: false,
+            last_top_up_ms: None,
+            regions_changed: false,
+            acked_at: None,
+            unknown_regions: BTreeSet::new(),
+        }
+    }
+
+    /// The configuration the leader schedules with.
+    pub fn config(&self) -> &LeaderConfig {
+        &self.config
+    }
+
+    /// Starts leading at `now`: demand continues from what the last epoch
+    /// committed (no learning period); acknowledgements start empty, which
+    /// only delays grows until pods report again.
+    pub fn seed(&mut self, state: &Allocations, now: Millis) {
+        self.demand = DemandTracker::new(self.config.rebalancer.ewma_alpha);
+        self.demand.seed(state);
+        self.last_roll_ms = now;
+        self.next_round_ms = self.scheduled_after(now);
+        self.top_up = false;
+        self.acked_at = None;
+    }
+
+    /// The rule-set version the rules come from.
+    pub fn rules_version(&self) -> Option<u64> {
+        self.rules_version
+    }
+
+    /// The global rules to divide from now on (those of `version`).
+    pub fn set_rules(&mut self, version: Option<u64>, rules: Vec<GlobalRule>) {
+        self.rules_version = version;
+        self.rules = rules;
+        let rules = &self.rules;
+        self.demand
+            .retain_rules(|id| rules.iter().any(|r| r.policy.rule == id));
+    }
+
+    fn rule(&self, id: &str) -> Option<&GlobalRule> {
+        self.rules.iter().find(|r| r.policy.rule == id)
+    }
+
+    fn scheduled_after(&self, now: Millis) -> Millis {
+        next_round_at(
+            now,
+            self.config.rebalance_interval_ms,
+            self.config.round_lead_ms,
+        )
+    }
+
+    /// Takes one pod's report. `state` is the committed allocation state and
+    /// `regions` the registered regions; reports for unregistered regions
+    /// are remembered ([`Leader::take_unknown_regions`]) and otherwise
+    /// counted like any other.
+    pub fn ingest(
+        &mut self,
+        report: &PodReport,
+        state: &Allocations,
+        regions: &[RegionDef],
+        now: Millis,
+    ) -> Heard {
+        let mut heard = Heard::default();
+        let lease_ms = self.config.rebalancer.lease_ms;
+        let recent = self.config.rebalancer.suspect_after_ms;
+        if !regions.iter().any(|r| r.name == report.region) {
+            self.unknown_regions.insert(report.region.clone());
+        }
+        let leased = state
+            .regions
+            .get(&report.region)
+            .is_some_and(|l| l.valid_until_ms > now);
+        if !leased {
+            self.regions_changed = true;
+            heard.wake = true;
+        }
+        let before = self.acks.region(&report.region, now, lease_ms).0;
+        self.acks
+            .record(&report.pod, &report.region, report.epoch, now);
+        for u in &report.used {
+            self.acks
+                .record_use(&report.pod, &u.rule, u.window_start_ms, u.used);
+        }
+        let after = self.acks.region(&report.region, now, lease_ms).0;
+        if after > before && transition_pending(state) {
+            self.acked_at.get_or_insert(now);
+            heard.wake = true;
+        }
+        for rd in &report.rules {
+            let Some(period) = self.rule(&rd.rule).map(|r| r.period_ms) else {
+                continue;
+            };
+            self.demand.record(
+                &report.region,
+                &rd.rule,
+                period,
+                &rd.keys,
+                rd.remainder_asked,
+            );
+            let pods = self.acks.live_pods(&report.region, now, recent);
+            if self.config.top_up
+                && self.demand.follow_steps(
+                    &report.region,
+                    &rd.rule,
+                    period,
+                    &rd.keys,
+                    rd.remainder_asked,
+                    report.interval_ms,
+                    pods,
+                )
+            {
+                heard.steps += 1;
+                self.top_up = true;
+                heard.wake = true;
+            }
+        }
+        for t in &report.top_ups {
+            let Some(period) = self.rule(&t.rule).map(|r| r.period_ms) else {
+                continue;
+            };
+            if !(self.config.top_up && t.per_period.is_finite() && t.per_period >= 0.0) {
+                continue;
+            }
+            let pace = Pace {
+                pod_per_period: t.per_period,
+                interval_ms: t.interval_ms,
+                pods: self.acks.live_pods(&report.region, now, recent),
+            };
+            if self
+                .demand
+                .bump(&report.region, &t.rule, period, &t.key, pace)
+            {
+                heard.top_ups += 1;
+                self.top_up = true;
+                heard.wake = true;
+            }
+        }
+        heard
+    }
+
+    /// When a round may next be due: the caller waits until then (or until
+    /// [`Heard::wake`]) and asks [`Leader::due`].
+    pub fn next_due(&self) -> Millis {
+        let mut at = self.next_round_ms;
+        if self.regions_changed {
+            return Millis::MIN;
+        }
+        if self.top_up {
+            let gap = self
+                .last_top_up_ms
+                .map_or(Millis::MIN, |t| t + TOP_UP_GAP_MS);
+            at = at.min(gap);
+        }
+        if let Some(acked) = self.acked_at {
+            at = at.min(acked + ACK_DEBOUNCE_MS);
+        }
+        at
+    }
+
+    /// The round due at `now`, if any; asking consumes it (the caller then
+    /// runs [`Leader::round`] with that kind).
+    pub fn due(&mut self, now: Millis) -> Option<RoundKind> {
+        let interval = self.config.rebalance_interval_ms;
+        let mut kind = None;
+        if now >= self.next_round_ms {
+            self.next_round_ms = self.scheduled_after(now);
+            // Right after seeding there is no interval's worth of reports
+            // to roll yet: the round acts on the seeded demand.
+            if now - self.last_roll_ms >= interval / 2 {
+                kind = Some(RoundKind::Full);
+            }
+        }
+        let gap_passed = self.last_top_up_ms.is_none_or(|t| now - t >= TOP_UP_GAP_MS);
+        if kind.is_none() && (self.regions_changed || self.top_up && gap_passed) {
+            kind = Some(RoundKind::TopUp);
+        }
+        if kind.is_none() && self.acked_at.is_some_and(|t| now - t >= ACK_DEBOUNCE_MS) {
+            kind = Some(RoundKind::Transition);
+        }
+        match kind {
+            Some(RoundKind::Full) | Some(RoundKind::TopUp) => {
+                self.regions_changed = false;
+                self.top_up = false;
+                self.last_top_up_ms = Some(now);
+                self.acked_at = None;
+            }
+            Some(RoundKind::Transition) => self.acked_at = None,
+            None => {}
+        }
+        kind
+    }
+
+    /// Runs a round of `kind` at `now` over the committed `state`: the delta
+    /// to commit, or `None` when it would change nothing a limiter enforces.
+    pub fn round(
+        &mut self,
+        kind: RoundKind,
+        now: Millis,
+        state: &Allocations,
+        regions: &[RegionDef],
+    ) -> Option<EpochDelta> {
+        let cfg = &self.config.rebalancer;
+        if kind == RoundKind::Full {
+            self.demand.roll((now - self.last_roll_ms).max(1) as u64);
+            self.last_roll_ms = now;
+        }
+        self.acks.forget_before(now - 2 * cfg.lease_ms);
+        let inputs = self.region_inputs(regions, now);
+        let in_window = self.in_window(&inputs, now);
+        let policies: Vec<RulePolicy> = self.rules.iter().map(|r| r.policy.clone()).collect();
+        let round = Round {
+            now_ms: now,
+            regions: &inputs,
+            rules: &policies,
+            demand: (kind != RoundKind::Transition).then_some(&self.demand),
+            in_window: Some(&in_window),
+        };
+        let next = rebalance(state, &round, cfg);
+        (!is_noop(state, &next)).then(|| state.diff(&next))
+    }
+
+    /// What the rebalancer needs of each registered region: its pods heard
+    /// within the lease decide its acknowledged epoch (a silent pod may
+    /// still enforce what it was last sent until its lease runs out).
+    fn region_inputs(&self, regions: &[RegionDef], now: Millis) -> Vec<RegionInput> {
+        let lease_ms = self.config.rebalancer.lease_ms;
+        regions
+            .iter()
+            .map(|r| {
+                let (acked, heard) = self.acks.region(&r.name, now, lease_ms);
+                RegionInput {
+                    name: r.name.clone(),
+                    weight: r.weight,
+                    status: r.status,
+                    last_heard_ms: heard,
+                    acked,
+                }
+            })
+            .collect()
+    }
+
+    /// The current window's use of every counted rule in every region, from
+    /// the reports of the pods heard within the lease.
+    fn in_window(&self, regions: &[RegionInput], now: Millis) -> BTreeMap<String, InWindow> {
+        let within = self.config.rebalancer.lease_ms;
+        self.rules
+            .iter()
+            .filter(|r| r.counted && r.period_ms > 0)
+            .map(|r| {
+                let p = r.period_ms as Millis;
+                let start = now.div_euclid(p) * p;
+                let window = InWindow {
+                    start_ms: start,
+                    until_ms: start + p,
+                    elapsed: (now - start) as f64 / p as f64,
+                    regions: regions
+                        .iter()
+                        .map(|g| {
+                            self.acks
+                                .region_use(&g.name, &r.policy.rule, start, now, within)
+                        })
+                        .collect(),
+                };
+                (r.policy.rule.clone(), window)
+            })
+            .collect()
+    }
+
+    /// Regions that reported without being registered, since the last call.
+    pub fn take_unknown_regions(&mut self) -> BTreeSet<String> {
+        std::mem::take(&mut self.unknown_regions)
+    }
+
+    /// Every pod heard, with the epoch it holds (admin API).
+    pub fn pods(&self) -> Vec<super::demand::PodEpoch> {
+        self.acks.pods()
+    }
+
+    /// Keys with tracked demand for `rule`.
+    pub fn tracked_keys(&self, rule: &str) -> usize {
+        self.demand.key_count(rule)
+    }
+
+    /// The smoothed demand (the simulator's baseline strategies read it).
+    pub fn demand(&self) -> &DemandTracker {
+        &self.demand
+    }
+}
+
+/// Some slot is still moving: a shrink not yet acknowledged (`bound` above
+/// `granted`) or a grow not yet granted. Only then can an acknowledgement
+/// release anything — a round run on every acknowledgement would commit an
+/// epoch whose acknowledgements start the next, forever.
+pub fn transition_pending(state: &Allocations) -> bool {
+    let moving = |shares: &Shares| {
+        shares
+            .values()
+            .any(|s| s.bound > s.granted || s.target > s.granted)
+    };
+    state
+        .rules
+        .values()
+        .any(|r| moving(&r.split) || r.keys.values().any(|k| moving(&k.shares)))
+}
