@@ -5,7 +5,7 @@
 //! - `raft_meta`: `format_version`, `vote`, `committed`, `last_purged`;
 //! - `sm_versions`: rule-set version number → bincode `RuleSetVersion`, so an
 //!   apply writes only the versions it created or moved, not every version;
-//! - `sm_meta`: `applied` ([`AppliedHeader`]), `regions`, `allocations`, and
+//! - `sm_meta`: `applied` (`AppliedHeader`), `regions`, `allocations`, and
 //!   `snapshot` (the current snapshot's meta and bytes).
 //!
 //! ## Format versions
@@ -434,7 +434,7 @@ fn remove_log_range(db: &Database, range: impl RangeBounds<u64>) -> Result<(), D
 
 /// Everything the state machine holds: what readers (admin API, WatchRules)
 /// see, and what a snapshot contains (after its format header, see
-/// [`encode_snapshot`]).
+/// `encode_snapshot`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Applied {
     /// The last log entry applied to `registry` (`None` before any).
