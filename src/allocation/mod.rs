@@ -303,46 +303,98 @@ pub struct RegionLease {
     pub last_heard_ms: Millis,
 }
 
-/// One epoch in the history the admin API shows.
+/// One epoch in the history the admin API shows (`GET /api/v1/allocations`),
+/// built by [`Allocations::apply`] from the grants the epoch's delta changed.
+/// Replicated with the rest of [`Allocations`], so every node shows the same
+/// history; it is bounded by [`HISTORY_EPOCHS`] and [`HISTORY_CHANGES`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EpochRecord {
+    /// The epoch whose delta made these changes.
     pub epoch: Epoch,
+    /// When the leader computed it (the delta's `at_ms`).
     pub at_ms: Millis,
-    /// Changed grants: (rule, key or None for the rule's split, region, granted).
-    pub changes: Vec<(String, Option<String>, String, u64)>,
+    /// The grants that changed, in the order the delta applied them; at most
+    /// [`HISTORY_CHANGES`].
+    pub changes: Vec<GrantChange>,
 }
 
-/// The replicated allocation state.
+/// One region's grant of a rule's split or of one key entry, as an epoch
+/// changed it.
+///
+/// In replicated state (Raft log and snapshots, as bincode): the field order
+/// is the encoding — bincode writes a struct as its fields in order, exactly
+/// as the `(rule, key, region, granted)` tuple this replaced — so do not
+/// reorder or insert fields without a new storage format version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantChange {
+    /// The global rule's id.
+    pub rule: String,
+    /// The key whose own entry changed; `None` for the rule's split (every
+    /// key without an entry of its own).
+    pub key: Option<String>,
+    /// The region the grant is published to.
+    pub region: String,
+    /// The new [`Slot::granted`].
+    pub granted: u64,
+}
+
+/// The replicated allocation state: what each region may enforce of every
+/// global rule, and each region's lease. Held by the coordinator's Raft state
+/// machine (inside `Registry`), changed only by [`Allocations::apply`] of a
+/// committed [`EpochDelta`]; the simulator holds one per simulated centre.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Allocations {
+    /// The last applied epoch (0 before the first).
     pub epoch: Epoch,
+    /// When the leader computed that epoch.
     pub at_ms: Millis,
+    /// Region name → its lease and what the centre knows of it.
     pub regions: BTreeMap<String, RegionLease>,
+    /// Global rule id → how its limit is divided.
     pub rules: BTreeMap<String, RuleAllocation>,
+    /// The newest epochs that changed a grant, oldest first, for operators.
     pub history: VecDeque<EpochRecord>,
 }
 
-/// What changed between two states: committed through Raft as one command.
+/// What changed between two states: committed through Raft as one command
+/// (`Command::Epoch`), so a log of deltas rebuilds [`Allocations`] on every
+/// node. Made by [`Allocations::diff`], applied by [`Allocations::apply`].
+///
+/// Changes are maps keyed by what they change — as [`Allocations`] itself
+/// is — so a delta holds at most one change per region, rule or key by
+/// construction. In bincode a map encodes exactly as the `Vec<(name,
+/// change)>` it replaced (a length, then key, value pairs), so log entries
+/// written before decode unchanged.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct EpochDelta {
+    /// The epoch this delta makes current; applied only right after `epoch - 1`.
     pub epoch: Epoch,
+    /// When the leader computed it.
     pub at_ms: Millis,
-    /// New or changed leases; `None` removes the region.
-    pub regions: Vec<(String, Option<RegionLease>)>,
-    /// New or changed rules; `None` removes the rule.
-    pub rules: Vec<(String, Option<RuleDelta>)>,
+    /// Region name → its new or changed lease; `None` removes the region.
+    pub regions: BTreeMap<String, Option<RegionLease>>,
+    /// Rule id → what changed in it; `None` removes the rule.
+    pub rules: BTreeMap<String, Option<RuleDelta>>,
 }
 
+/// What changed in one rule's allocation. The scalars (`limit`, `fallback`,
+/// `high_water`) are always carried whole; the split, the demand and key
+/// entries only when they changed.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct RuleDelta {
+    /// The rule's world-wide limit.
     pub limit: u64,
+    /// Region name → what it falls to when its lease lapses.
     pub fallback: BTreeMap<String, u64>,
+    /// See [`RuleAllocation::high_water`].
     pub high_water: u64,
     /// The whole split, when any slot of it changed.
     pub split: Option<Shares>,
+    /// The whole demand map, when it changed.
     pub demand: Option<BTreeMap<String, f64>>,
-    /// Changed key entries; `None` removes the entry.
-    pub keys: Vec<(String, Option<KeyAllocation>)>,
+    /// Key → its new or changed entry; `None` removes the entry (the key
+    /// falls back to the split).
+    pub keys: BTreeMap<String, Option<KeyAllocation>>,
 }
 
 impl Allocations {
@@ -364,12 +416,12 @@ impl Allocations {
         };
         for (name, lease) in &next.regions {
             if self.regions.get(name) != Some(lease) {
-                delta.regions.push((name.clone(), Some(*lease)));
+                delta.regions.insert(name.clone(), Some(*lease));
             }
         }
         for name in self.regions.keys() {
             if !next.regions.contains_key(name) {
-                delta.regions.push((name.clone(), None));
+                delta.regions.insert(name.clone(), None);
             }
         }
         for (id, rule) in &next.rules {
@@ -380,17 +432,17 @@ impl Allocations {
                 high_water: rule.high_water,
                 split: (old.map(|o| &o.split) != Some(&rule.split)).then(|| rule.split.clone()),
                 demand: (old.map(|o| &o.demand) != Some(&rule.demand)).then(|| rule.demand.clone()),
-                keys: Vec::new(),
+                keys: BTreeMap::new(),
             };
             for (key, entry) in &rule.keys {
                 if old.and_then(|o| o.keys.get(key)) != Some(entry) {
-                    rd.keys.push((key.clone(), Some(entry.clone())));
+                    rd.keys.insert(key.clone(), Some(entry.clone()));
                 }
             }
             if let Some(old) = old {
                 for key in old.keys.keys() {
                     if !rule.keys.contains_key(key) {
-                        rd.keys.push((key.clone(), None));
+                        rd.keys.insert(key.clone(), None);
                     }
                 }
             }
@@ -400,12 +452,12 @@ impl Allocations {
                 && rd.demand.is_none()
                 && rd.keys.is_empty();
             if !unchanged {
-                delta.rules.push((id.clone(), Some(rd)));
+                delta.rules.insert(id.clone(), Some(rd));
             }
         }
         for id in self.rules.keys() {
             if !next.rules.contains_key(id) {
-                delta.rules.push((id.clone(), None));
+                delta.rules.insert(id.clone(), None);
             }
         }
         delta
@@ -485,9 +537,12 @@ fn note_changes(
             return;
         }
         if old.get(region).map(|s| s.granted) != Some(slot.granted) {
-            record
-                .changes
-                .push((rule.to_string(), key.cloned(), region.clone(), slot.granted));
+            record.changes.push(GrantChange {
+                rule: rule.to_string(),
+                key: key.cloned(),
+                region: region.clone(),
+                granted: slot.granted,
+            });
         }
     }
 }

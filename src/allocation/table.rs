@@ -150,7 +150,7 @@ pub fn region_update(
             Some(update)
         }
         Some(delta) => {
-            let lease_changed = delta.regions.iter().any(|(n, _)| n == region);
+            let lease_changed = delta.regions.contains_key(region);
             for (id, rd) in &delta.rules {
                 let Some(rd) = rd else {
                     update.removed_rules.push(id.clone());

@@ -918,8 +918,8 @@ async fn get_allocations(
             let changes: Vec<Value> = record
                 .changes
                 .iter()
-                .filter(|(r, k, _, _)| *r == rule_id && *k == served_by)
-                .map(|(_, _, region, granted)| json!({ "region": region, "granted": granted }))
+                .filter(|c| c.rule == rule_id && c.key == served_by)
+                .map(|c| json!({ "region": c.region, "granted": c.granted }))
                 .collect();
             (!changes.is_empty()).then(
                 || json!({ "epoch": record.epoch, "at_unix_ms": record.at_ms, "changes": changes }),

@@ -409,8 +409,14 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         Arc::clone(&node),
     ));
 
-    terminated.await;
-    tracing::info!("shutting down");
+    let failed = tokio::select! {
+        () = terminated => None,
+        reason = raft_failed(raft.clone()) => Some(reason),
+    };
+    match &failed {
+        None => tracing::info!("shutting down"),
+        Some(reason) => tracing::error!(%reason, "raft stopped; shutting down"),
+    }
     let _ = stop_tx.send(true);
     if let Some(j) = join {
         j.abort();
@@ -431,7 +437,29 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         Err(e) => tracing::warn!(error = %e, "http server task"),
     }
     tracing::info!("stopped");
-    Ok(())
+    match failed {
+        None => Ok(()),
+        Some(reason) => Err(RunError::Raft(reason)),
+    }
+}
+
+/// Resolves when the Raft core stops on its own: a storage error, such as a
+/// snapshot from a leader in a storage format this build does not know.
+/// The node can neither apply nor vote then, so it exits with the reason
+/// instead of serving a state that no longer advances.
+async fn raft_failed(raft: Raft) -> String {
+    let mut rx = raft.metrics();
+    loop {
+        if let Err(fatal) = &rx.borrow_and_update().running_state {
+            return fatal.to_string();
+        }
+        if rx.changed().await.is_err() {
+            return match &rx.borrow().running_state {
+                Err(fatal) => fatal.to_string(),
+                Ok(()) => "the raft core stopped".to_string(),
+            };
+        }
+    }
 }
 
 /// Asks the cluster at `url` to add this node until it answers yes.

@@ -39,14 +39,19 @@ pub enum Origin {
 }
 
 /// One immutable rule-set version; only its stage moves, and only while it is
-/// the newest version.
+/// the newest version. Stored one per row in the Raft store (`sm_versions`),
+/// so an apply rewrites only the versions it touched.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RuleSetVersion {
+    /// 1, 2, …: the order versions were created in, never reused.
     pub number: u64,
     /// File name → YAML text, as validated when the version was proposed.
     pub files: BTreeMap<String, String>,
+    /// Where the version is enforced; see [`Stage`].
     pub stage: Stage,
+    /// A put or a rollback copy, for the admin API's history.
     pub origin: Origin,
+    /// The proposing leader's clock, carried in the command.
     pub created_at_unix_ms: i64,
 }
 
@@ -60,12 +65,17 @@ pub enum RegionState {
     Failed,
 }
 
+/// A region as the operator registered it: its weight in static allocations
+/// and its state. The rebalancer reads these; only `PutRegion` and
+/// `DeleteRegion` change them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Region {
+    /// The region's name, as limiters report it (and the registry's key).
     pub name: String,
     /// Relative share of static allocations (> 0).
     pub weight: f64,
     pub state: RegionState,
+    /// When an operator last put it (the leader's clock).
     pub updated_at_unix_ms: i64,
 }
 
@@ -122,12 +132,16 @@ pub enum Outcome {
     Nothing,
 }
 
-/// The replicated state.
+/// The replicated state: what every coordinator node holds identically, held
+/// by the Raft state machine (`raft::storage`) and changed only by
+/// [`Registry::apply`]. Its bincode is the storage format (see
+/// `raft::storage`'s format versions): changing a field here changes it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Registry {
     /// Every rule-set version ever created, by number. Versions are never
     /// edited or deleted, so any of them can be rolled back to.
     pub versions: BTreeMap<u64, RuleSetVersion>,
+    /// Registered regions by name.
     pub regions: BTreeMap<String, Region>,
     /// Global limits divided between regions (see `crate::allocation`).
     pub allocations: Allocations,

@@ -2,11 +2,31 @@
 //!
 //! Tables:
 //! - `raft_log`: log index → bincode `Entry`;
-//! - `raft_meta`: `vote`, `committed`, `last_purged`;
+//! - `raft_meta`: `format_version`, `vote`, `committed`, `last_purged`;
 //! - `sm_versions`: rule-set version number → bincode `RuleSetVersion`, so an
 //!   apply writes only the versions it created or moved, not every version;
-//! - `sm_meta`: `applied` (last applied log id + membership), `regions`, and
+//! - `sm_meta`: `applied` (`AppliedHeader`), `regions`, `allocations`, and
 //!   `snapshot` (the current snapshot's meta and bytes).
+//!
+//! ## Format versions
+//! Everything above is bincode of Rust types, so changing a stored type (a
+//! field added, reordered or retyped anywhere under [`Registry`] or
+//! [`Command`](crate::coordinator::state::Command)) changes the format. The
+//! version is recorded twice:
+//! - per data dir: `raft_meta.format_version` (4 bytes, little-endian, not
+//!   bincode, so any build can read it), written when the dir is created and
+//!   checked by [`open`] before any other table is opened. It covers the log
+//!   too: a node never appends to a dir whose format it does not know, so
+//!   one dir never mixes formats and entries need no tag of their own;
+//! - per snapshot: [`SNAPSHOT_MAGIC`] and the version come before the
+//!   bincode [`Applied`], because snapshots travel to other nodes, which may
+//!   run another build.
+//!
+//! A dir or snapshot in a version not in [`KNOWN_FORMATS`] is refused with
+//! [`DiskError::UnknownFormat`]. Data written before versions were recorded
+//! (no `format_version`, a snapshot without the magic) is version 1: version
+//! 1 is defined as exactly that encoding, and the committed fixture
+//! `tests/fixtures/raft/snapshot-v1.bin` holds its payload byte for byte.
 //!
 //! Durability: log appends, votes, purges and snapshots commit with
 //! `Durability::Immediate` (fsync) before openraft hears they are done. The
@@ -33,7 +53,9 @@ use openraft::{
     AnyError, EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftLogReader,
     RaftSnapshotBuilder, StorageIOError, Vote,
 };
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{
+    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
+};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -43,12 +65,29 @@ use super::{
 use crate::coordinator::state::{Outcome, Region, Registry, RuleSetVersion};
 
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
+/// Holds `format_version`: its name and key/value types must stay as they
+/// are in every format, or a build could not even read which format a dir is in.
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
 const VERSIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("sm_versions");
 const SM_META: TableDefinition<&str, &[u8]> = TableDefinition::new("sm_meta");
 
 /// The file inside `--data-dir`.
 pub const DB_FILE: &str = "coordinator.redb";
+
+/// The storage format this build writes (see the module docs). Bump it, add
+/// it to [`KNOWN_FORMATS`] and commit a fixture for it whenever a stored
+/// type's encoding changes.
+pub const FORMAT_VERSION: u32 = 1;
+/// The storage formats this build reads.
+pub const KNOWN_FORMATS: &[u32] = &[1];
+/// The format of data written before versions were recorded.
+const UNVERSIONED_FORMAT: u32 = 1;
+/// `raft_meta` key of the data dir's format version.
+const FORMAT_KEY: &str = "format_version";
+/// Starts every snapshot, followed by the format version (`u32`,
+/// little-endian) and the bincode [`Applied`]. An unversioned snapshot
+/// starts with the tag of `Option<LogId>` (byte 0 or 1), never with `M`.
+pub const SNAPSHOT_MAGIC: &[u8; 4] = b"MRSN";
 
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {
@@ -58,6 +97,21 @@ pub enum DiskError {
     Codec(#[from] bincode::Error),
     #[error("storage task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
+    /// Written by a build with another storage format: reading it as ours
+    /// would misread it, so the node stops instead.
+    #[error(
+        "{what} is in storage format version {found}, but this build knows only version(s) \
+         {known:?}; run a Meridian build that knows version {found}"
+    )]
+    UnknownFormat {
+        /// The data dir's file or the snapshot, by name.
+        what: String,
+        found: u32,
+        known: &'static [u32],
+    },
+    /// A format header that cannot be read at all.
+    #[error("{what}: {reason}")]
+    BadHeader { what: String, reason: String },
 }
 
 macro_rules! redb_from {
@@ -140,16 +194,47 @@ fn put_meta_with<T: Serialize>(
 }
 
 /// Opens (or creates) the database under `dir` and returns the two halves
-/// openraft drives, plus a receiver of every applied state.
+/// openraft drives, plus a receiver of every applied state. Refuses a data
+/// dir in a storage format this build does not know
+/// ([`DiskError::UnknownFormat`]).
 pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), DiskError> {
     let db = Arc::new(Database::create(dir.join(DB_FILE))?);
+    let txn = db.begin_write()?;
+    // The version first: another format may have other tables, or the same
+    // names with other key types, which opening would trip over.
+    let recorded = read_format(&txn.open_table(META)?)?;
+    if let Some(found) = recorded
+        && !KNOWN_FORMATS.contains(&found)
+    {
+        txn.abort()?;
+        return Err(DiskError::UnknownFormat {
+            what: DB_FILE.to_string(),
+            found,
+            known: KNOWN_FORMATS,
+        });
+    }
     // Create every table up front so that read transactions never meet a
     // missing one.
-    let txn = db.begin_write()?;
-    txn.open_table(LOG)?;
-    txn.open_table(META)?;
-    txn.open_table(VERSIONS)?;
-    txn.open_table(SM_META)?;
+    let log = txn.open_table(LOG)?;
+    let versions = txn.open_table(VERSIONS)?;
+    let sm_meta = txn.open_table(SM_META)?;
+    let mut meta = txn.open_table(META)?;
+    if recorded.is_none() {
+        let fresh =
+            log.is_empty()? && meta.is_empty()? && versions.is_empty()? && sm_meta.is_empty()?;
+        let format = if fresh {
+            FORMAT_VERSION
+        } else {
+            tracing::info!(
+                format = UNVERSIONED_FORMAT,
+                "data dir records no storage format (written before formats were versioned); \
+                 recording it as version {UNVERSIONED_FORMAT}"
+            );
+            UNVERSIONED_FORMAT
+        };
+        meta.insert(FORMAT_KEY, format.to_le_bytes().as_slice())?;
+    }
+    drop((log, versions, sm_meta, meta));
     txn.commit()?;
     let applied = load_applied(&db)?;
     let (published, _) = watch::channel(Arc::new(applied.clone()));
@@ -164,6 +249,24 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), DiskError> {
             published,
         },
     ))
+}
+
+/// The data dir's recorded format version; `None` when it records none (a
+/// new dir, or one written before versions were recorded).
+fn read_format(
+    meta: &impl ReadableTable<&'static str, &'static [u8]>,
+) -> Result<Option<u32>, DiskError> {
+    let Some(value) = meta.get(FORMAT_KEY)? else {
+        return Ok(None);
+    };
+    let bytes: [u8; 4] = value.value().try_into().map_err(|_| DiskError::BadHeader {
+        what: DB_FILE.to_string(),
+        reason: format!(
+            "raft_meta.{FORMAT_KEY} is {} bytes, expected 4",
+            value.value().len()
+        ),
+    })?;
+    Ok(Some(u32::from_le_bytes(bytes)))
 }
 
 // ---------------------------------------------------------------- the log
@@ -330,23 +433,72 @@ fn remove_log_range(db: &Database, range: impl RangeBounds<u64>) -> Result<(), D
 // ------------------------------------------------------- the state machine
 
 /// Everything the state machine holds: what readers (admin API, WatchRules)
-/// see, and what a snapshot contains.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// see, and what a snapshot contains (after its format header, see
+/// `encode_snapshot`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Applied {
+    /// The last log entry applied to `registry` (`None` before any).
     pub last_applied: Option<LogId>,
+    /// The newest membership applied, with the entry that carried it.
     pub membership: StoredMembership,
+    /// The replicated state itself.
     pub registry: Registry,
 }
 
-/// The snapshot stored in `sm_meta`.
+/// `sm_meta.applied`: how far the state machine on disk got, written with
+/// every apply batch. Encodes as the `(last_applied, membership)` tuple it
+/// replaced (bincode writes a struct's fields in order).
+#[derive(Serialize, Deserialize)]
+struct AppliedHeader {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+}
+
+/// `sm_meta.snapshot`: the current snapshot, kept so openraft can send it to
+/// a follower that lags behind the purged log.
 #[derive(Serialize, Deserialize)]
 struct StoredSnapshot {
     meta: SnapshotMeta,
+    /// The snapshot's bytes as sent: see [`encode_snapshot`]. Snapshots
+    /// stored before format versions have no header; they decode as
+    /// version 1.
     data: Vec<u8>,
 }
 
+/// A snapshot's bytes: [`SNAPSHOT_MAGIC`], [`FORMAT_VERSION`] (`u32`,
+/// little-endian), then the bincode [`Applied`].
+fn encode_snapshot(applied: &Applied) -> Result<Vec<u8>, bincode::Error> {
+    let mut data = Vec::with_capacity(8 + bincode::serialized_size(applied)? as usize);
+    data.extend_from_slice(SNAPSHOT_MAGIC);
+    data.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    bincode::serialize_into(&mut data, applied)?;
+    Ok(data)
+}
+
+/// Decodes a snapshot written by [`encode_snapshot`], or one without a header
+/// (a build from before format versions: version 1). `what` names it in errors.
+fn decode_snapshot(data: &[u8], what: &str) -> Result<Applied, DiskError> {
+    let Some(rest) = data.strip_prefix(SNAPSHOT_MAGIC) else {
+        return Ok(bincode::deserialize(data)?);
+    };
+    let Some((version, payload)) = rest.split_first_chunk::<4>() else {
+        return Err(DiskError::BadHeader {
+            what: what.to_string(),
+            reason: format!("format header cut short ({} bytes)", data.len()),
+        });
+    };
+    match u32::from_le_bytes(*version) {
+        1 => Ok(bincode::deserialize(payload)?),
+        found => Err(DiskError::UnknownFormat {
+            what: what.to_string(),
+            found,
+            known: KNOWN_FORMATS,
+        }),
+    }
+}
+
 fn load_applied(db: &Database) -> Result<Applied, DiskError> {
-    let header: Option<(Option<LogId>, StoredMembership)> = get_meta(db, SM_META, "applied")?;
+    let header: Option<AppliedHeader> = get_meta(db, SM_META, "applied")?;
     let regions: Option<std::collections::BTreeMap<String, Region>> =
         get_meta(db, SM_META, "regions")?;
     let allocations: Option<crate::allocation::Allocations> = get_meta(db, SM_META, "allocations")?;
@@ -363,7 +515,8 @@ fn load_applied(db: &Database) -> Result<Applied, DiskError> {
             .versions
             .insert(k.value(), bincode::deserialize(v.value())?);
     }
-    let (last_applied, membership) = header.unwrap_or_default();
+    let (last_applied, membership) =
+        header.map_or_else(Default::default, |h| (h.last_applied, h.membership));
     Ok(Applied {
         last_applied,
         membership,
@@ -380,7 +533,10 @@ fn persist_applied(
     durability: Durability,
     replace_versions: bool,
 ) -> Result<(), DiskError> {
-    let header = bincode::serialize(&(applied.last_applied, &applied.membership))?;
+    let header = bincode::serialize(&AppliedHeader {
+        last_applied: applied.last_applied,
+        membership: applied.membership.clone(),
+    })?;
     let regions = bincode::serialize(&applied.registry.regions)?;
     let allocations = bincode::serialize(&applied.registry.allocations)?;
     let mut txn = db.begin_write()?;
@@ -494,9 +650,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     ) -> Result<(), StorageError> {
         let data = snapshot.into_inner();
         let signature = Some(meta.signature());
-        let applied: Applied = bincode::deserialize(&data).map_err(|e| {
-            StorageError::from(StorageIOError::read_snapshot(signature.clone(), &e))
-        })?;
+        let applied =
+            decode_snapshot(&data, &format!("snapshot {}", meta.snapshot_id)).map_err(|e| {
+                StorageError::from(StorageIOError::read_snapshot(signature.clone(), &e))
+            })?;
         let stored = StoredSnapshot {
             meta: meta.clone(),
             data,
@@ -544,7 +701,7 @@ pub struct SnapshotBuilder {
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
-        let data = bincode::serialize(&self.applied)
+        let data = encode_snapshot(&self.applied)
             .map_err(|e| StorageError::from(StorageIOError::write_snapshot(None, &e)))?;
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -582,6 +739,296 @@ mod tests {
     use tempfile::TempDir;
 
     use super::*;
+    use crate::allocation::GrantChange;
+
+    /// The state the committed fixture holds: two regions, a rule set put in
+    /// canary then rolled back, and two allocation epochs (a split change and
+    /// a key entry), so every replicated type appears in it.
+    fn fixture_applied() -> Applied {
+        use std::collections::BTreeMap;
+
+        use crate::allocation::{Allocations, KeyAllocation, RegionLease, RuleAllocation, Slot};
+        use crate::coordinator::raft::Member;
+        use crate::coordinator::state::{Command, RegionState, Stage};
+
+        let mut registry = Registry::default();
+        let mut commands = vec![
+            Command::PutRegion {
+                name: "eu".into(),
+                weight: 1.0,
+                state: RegionState::Active,
+                at_unix_ms: 1_000,
+            },
+            Command::PutRegion {
+                name: "us".into(),
+                weight: 2.0,
+                state: RegionState::Draining,
+                at_unix_ms: 1_001,
+            },
+            Command::PutRules {
+                files: BTreeMap::from([("a.yaml".into(), "domain: a\n".into())]),
+                stage: Stage::All,
+                at_unix_ms: 2_000,
+            },
+            Command::PutRules {
+                files: BTreeMap::from([("a.yaml".into(), "domain: b\n".into())]),
+                stage: Stage::Canary {
+                    regions: vec!["eu".into()],
+                },
+                at_unix_ms: 3_000,
+            },
+            Command::Rollback {
+                to: None,
+                at_unix_ms: 4_000,
+            },
+        ];
+        let slot = |granted| Slot {
+            granted,
+            bound: granted,
+            target: granted,
+            since: 1,
+            ..Slot::default()
+        };
+        let mut state = Allocations::default();
+        let mut next = Allocations {
+            epoch: 1,
+            at_ms: 5_000,
+            regions: BTreeMap::from([(
+                "eu".into(),
+                RegionLease {
+                    valid_until_ms: 185_000,
+                    acked: 0,
+                    last_heard_ms: 4_900,
+                },
+            )]),
+            rules: BTreeMap::from([(
+                "a/global".into(),
+                RuleAllocation {
+                    limit: 1_000,
+                    fallback: BTreeMap::from([("eu".into(), 30), ("us".into(), 60)]),
+                    split: BTreeMap::from([("eu".into(), slot(400)), ("us".into(), slot(600))]),
+                    high_water: 1_000,
+                    demand: BTreeMap::from([("eu".into(), 350.0), ("us".into(), 500.0)]),
+                    keys: BTreeMap::new(),
+                },
+            )]),
+            ..Allocations::default()
+        };
+        commands.push(Command::Epoch(state.diff(&next)));
+        state.apply(&state.diff(&next));
+        next.epoch = 2;
+        next.at_ms = 65_000;
+        if let Some(rule) = next.rules.get_mut("a/global") {
+            rule.keys.insert(
+                "user-7".into(),
+                KeyAllocation {
+                    shares: BTreeMap::from([("eu".into(), slot(900)), ("us".into(), slot(100))]),
+                    demand: BTreeMap::from([("eu".into(), 800.0)]),
+                },
+            );
+        }
+        commands.push(Command::Epoch(state.diff(&next)));
+        for command in commands {
+            registry.apply(command);
+        }
+        let leader = openraft::CommittedLeaderId::new(3, 1);
+        let members = BTreeMap::from([(
+            1,
+            Member {
+                raft_addr: "10.0.0.1:7000".into(),
+                http_addr: "10.0.0.1:8080".into(),
+            },
+        )]);
+        Applied {
+            last_applied: Some(LogId::new(leader, 42)),
+            membership: StoredMembership::new(
+                Some(LogId::new(leader, 2)),
+                openraft::Membership::new(vec![std::collections::BTreeSet::from([1])], members),
+            ),
+            registry,
+        }
+    }
+
+    /// A version-1 snapshot of [`fixture_applied`], committed so that a change
+    /// to any stored type's encoding fails here instead of on an operator's
+    /// data dir. Regenerate (only together with a new [`FORMAT_VERSION`],
+    /// which writes a new file next to it) with
+    /// `cargo test --lib write_snapshot_fixture -- --ignored`. The v1 file was
+    /// first written from the build before format versions (`4e0c7bf`), and
+    /// this build's generator reproduces it byte for byte.
+    const SNAPSHOT_V1: &[u8] = include_bytes!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/raft/snapshot-v1.bin"
+    ));
+
+    #[test]
+    #[ignore = "writes tests/fixtures/raft/snapshot-v<FORMAT_VERSION>.bin; run by hand"]
+    fn write_snapshot_fixture() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(
+            "tests/fixtures/raft/snapshot-v{FORMAT_VERSION}.bin"
+        ));
+        let data = encode_snapshot(&fixture_applied()).expect("encode");
+        std::fs::write(&path, data).expect("write the fixture");
+    }
+
+    #[test]
+    fn committed_v1_snapshot_decodes_to_the_fixture_state() {
+        let applied = decode_snapshot(SNAPSHOT_V1, "fixture").expect("decode");
+        assert_eq!(applied, fixture_applied());
+        let allocations = &applied.registry.allocations;
+        assert_eq!(allocations.epoch, 2);
+        assert_eq!(
+            allocations.history.back().map(|r| r.changes.clone()),
+            Some(vec![
+                GrantChange {
+                    rule: "a/global".into(),
+                    key: Some("user-7".into()),
+                    region: "eu".into(),
+                    granted: 900,
+                },
+                GrantChange {
+                    rule: "a/global".into(),
+                    key: Some("user-7".into()),
+                    region: "us".into(),
+                    granted: 100,
+                },
+            ])
+        );
+        assert_eq!(applied.registry.current().map(|v| v.number), Some(3));
+        assert_eq!(
+            encode_snapshot(&applied).expect("encode"),
+            SNAPSHOT_V1,
+            "this build must write version 1 exactly as the fixture"
+        );
+    }
+
+    #[test]
+    fn snapshot_without_a_header_decodes_as_version_1() {
+        // What builds from before format versions send and store.
+        let unversioned = &SNAPSHOT_V1[SNAPSHOT_MAGIC.len() + 4..];
+        let applied = decode_snapshot(unversioned, "old snapshot").expect("decode");
+        assert_eq!(applied, fixture_applied());
+    }
+
+    #[test]
+    fn snapshot_in_an_unknown_format_is_refused_naming_both_versions() {
+        let mut data = SNAPSHOT_V1.to_vec();
+        data[SNAPSHOT_MAGIC.len()..SNAPSHOT_MAGIC.len() + 4].copy_from_slice(&7u32.to_le_bytes());
+        let err = decode_snapshot(&data, "snapshot 3-1-42").expect_err("version 7 is unknown");
+        assert_eq!(
+            err.to_string(),
+            "snapshot 3-1-42 is in storage format version 7, but this build knows only \
+             version(s) [1]; run a Meridian build that knows version 7"
+        );
+        let cut = decode_snapshot(&SNAPSHOT_V1[..6], "snapshot x").expect_err("cut short");
+        assert!(cut.to_string().contains("cut short"), "{cut}");
+    }
+
+    #[tokio::test]
+    async fn installing_a_snapshot_in_an_unknown_format_fails_and_keeps_the_state() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (_log, mut sm) = open(dir.path()).expect("open");
+        let mut data = SNAPSHOT_V1.to_vec();
+        data[SNAPSHOT_MAGIC.len()..SNAPSHOT_MAGIC.len() + 4].copy_from_slice(&2u32.to_le_bytes());
+        let applied = fixture_applied();
+        let meta = SnapshotMeta {
+            last_log_id: applied.last_applied,
+            last_membership: applied.membership.clone(),
+            snapshot_id: "3-1-42".into(),
+        };
+        let err = sm
+            .install_snapshot(&meta, Box::new(Cursor::new(data)))
+            .await
+            .expect_err("version 2 is unknown");
+        assert!(
+            err.to_string().contains("format version 2"),
+            "the error names the version: {err}"
+        );
+        assert_eq!(*sm.subscribe().borrow().as_ref(), Applied::default());
+        sm.install_snapshot(&meta, Box::new(Cursor::new(SNAPSHOT_V1.to_vec())))
+            .await
+            .expect("version 1 installs");
+        assert_eq!(*sm.subscribe().borrow().as_ref(), applied);
+    }
+
+    /// Rewrites `raft_meta.format_version` of the dir (`None` removes it).
+    fn set_format(dir: &Path, value: Option<&[u8]>) {
+        let db = Database::create(dir.join(DB_FILE)).expect("db");
+        let txn = db.begin_write().expect("txn");
+        {
+            let mut meta = txn.open_table(META).expect("meta");
+            match value {
+                Some(v) => meta.insert(FORMAT_KEY, v).map(drop),
+                None => meta.remove(FORMAT_KEY).map(drop),
+            }
+            .expect("write format");
+        }
+        txn.commit().expect("commit");
+    }
+
+    fn recorded_format(dir: &Path) -> Option<u32> {
+        let db = Database::create(dir.join(DB_FILE)).expect("db");
+        let txn = db.begin_read().expect("txn");
+        read_format(&txn.open_table(META).expect("meta")).expect("format")
+    }
+
+    /// A data dir holding the fixture state, as `open` and the state machine
+    /// write it.
+    async fn dir_with_fixture_state() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (_log, mut sm) = open(dir.path()).expect("open");
+        let applied = fixture_applied();
+        let meta = SnapshotMeta {
+            last_log_id: applied.last_applied,
+            last_membership: applied.membership.clone(),
+            snapshot_id: "fixture".into(),
+        };
+        sm.install_snapshot(&meta, Box::new(Cursor::new(SNAPSHOT_V1.to_vec())))
+            .await
+            .expect("install");
+        dir
+    }
+
+    #[test]
+    fn a_new_data_dir_records_the_current_format() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        drop(open(dir.path()).expect("open"));
+        assert_eq!(recorded_format(dir.path()), Some(FORMAT_VERSION));
+    }
+
+    #[tokio::test]
+    async fn a_data_dir_without_a_version_opens_as_version_1() {
+        let dir = dir_with_fixture_state().await;
+        set_format(dir.path(), None);
+        let (_log, sm) = open(dir.path()).expect("an unversioned dir opens");
+        assert_eq!(*sm.subscribe().borrow().as_ref(), fixture_applied());
+        drop((_log, sm));
+        assert_eq!(recorded_format(dir.path()), Some(UNVERSIONED_FORMAT));
+    }
+
+    #[tokio::test]
+    async fn a_data_dir_in_an_unknown_format_is_refused_naming_both_versions() {
+        let dir = dir_with_fixture_state().await;
+        set_format(dir.path(), Some(&9u32.to_le_bytes()));
+        let Err(err) = open(dir.path()) else {
+            panic!("a version 9 dir must be refused");
+        };
+        assert_eq!(
+            err.to_string(),
+            "coordinator.redb is in storage format version 9, but this build knows only \
+             version(s) [1]; run a Meridian build that knows version 9"
+        );
+        assert_eq!(
+            recorded_format(dir.path()),
+            Some(9),
+            "the dir is left as it was"
+        );
+        set_format(dir.path(), Some(b"v1"));
+        let Err(err) = open(dir.path()) else {
+            panic!("an unreadable version must be refused");
+        };
+        assert!(err.to_string().contains("expected 4"), "{err}");
+    }
 
     struct RedbBuilder;
 
