@@ -258,7 +258,7 @@ async fn reports_and_acks_give_the_same_epochs_on_the_coordinator_and_in_the_sim
     assert_eq!(status, 200, "rules: {body}");
     cluster.wait_version(1, 1, Duration::from_secs(10)).await;
     let channel = tonic::transport::Endpoint::from_shared(cluster.node(1).grpc_url())
-        .and_then(|e| Ok(e.connect_lazy()));
+        .map(|e| e.connect_lazy());
     let client = match channel {
         Ok(channel) => CoordinatorClient::new(channel),
         Err(e) => panic!("coordinator endpoint: {e}"),
