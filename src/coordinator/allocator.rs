@@ -18,7 +18,6 @@ use metrics::{counter, gauge, histogram};
 use tokio::sync::Notify;
 use tonic::Status;
 
-use super::api::now_unix_ms;
 use super::node::{Node, Write};
 use super::raft::storage::Applied;
 use super::state::{Command, RegionState, Registry, Stage};
@@ -26,6 +25,7 @@ use crate::algorithm::Algorithm;
 use crate::allocation::demand::{AckTracker, DemandTracker, KeyDemand, Pace};
 use crate::allocation::rebalance::{Round, is_noop, rebalance};
 use crate::allocation::{self, InWindow, Millis, RegionInput, RegionStatus, RulePolicy, WindowUse};
+use crate::clock::now_unix_ms;
 use crate::proto::meridian::v1 as pb;
 use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
 use crate::rules::{Accuracy, RuleFile, RuleSet, Scope};

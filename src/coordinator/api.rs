@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
@@ -26,6 +26,7 @@ use super::node::{FORWARDED_HEADER, Node, ReadError, Write, WriteError, WriteRep
 use super::raft::{Member, NodeId};
 use super::state::{Command, Origin, Outcome, RegionState, RuleSetVersion, Stage};
 use super::validation::validate;
+use crate::clock::now_unix_ms;
 use crate::rules::RuleFile;
 
 /// Largest request body accepted (a whole rule set); larger gets 413.
@@ -155,12 +156,6 @@ async fn method_not_allowed(uri: Uri) -> ApiError {
         StatusCode::METHOD_NOT_ALLOWED,
         format!("method not allowed on {}", uri.path()),
     )
-}
-
-pub(super) fn now_unix_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 // ------------------------------------------------------------ guards
