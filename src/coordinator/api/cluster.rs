@@ -76,6 +76,8 @@ pub(super) async fn cluster(State(api): State<Api>, read: Read) -> Response {
     .into_response()
 }
 
+/// The body of `POST /api/v1/cluster/nodes`: the new member's Raft id (never
+/// reused after a removal) and where peers and clients reach it.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AddNodeBody {

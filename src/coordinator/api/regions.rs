@@ -35,6 +35,8 @@ pub(super) async fn get_region(Path(name): Path<String>, read: Read) -> Response
     }
 }
 
+/// The body of `PUT /api/v1/regions/{name}`; `{}` makes an active region of
+/// weight 1.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RegionBody {

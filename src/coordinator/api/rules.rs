@@ -222,6 +222,7 @@ pub(super) async fn get_version(VersionNumber(n): VersionNumber, read: Read) -> 
     }
 }
 
+/// The body of `POST /api/v1/rules/rollback`.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RollbackBody {
@@ -254,6 +255,7 @@ pub(super) async fn rollback(
     .await
 }
 
+/// The body of `POST /api/v1/rules/rollout`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RolloutBody {
