@@ -1,12 +1,12 @@
 //! The admin HTTP API (JSON), `/healthz` and `/metrics`.
 //!
-//! Every answer is JSON; errors are `{"error": "...", ...}` ([`errors`]).
-//! Writes need `Authorization: Bearer <admin token>` ([`auth`]) and are
-//! forwarded to the leader ([`write`], `node.rs`). Reads answer from this
-//! node's applied state unless `?consistent=true` ([`read`]).
+//! Every answer is JSON; errors are `{"error": "...", ...}` (`errors.rs`).
+//! Writes need `Authorization: Bearer <admin token>` (`auth.rs`) and are
+//! forwarded to the leader (`write.rs`, `node.rs`). Reads answer from this
+//! node's applied state unless `?consistent=true` (`read.rs`).
 //!
-//! One file per resource: [`rules`], [`regions`], [`allocations`],
-//! [`cluster`]; the route table below names every endpoint.
+//! One file per resource: `rules.rs`, `regions.rs`, `allocations.rs`,
+//! `cluster.rs`; the route table below names every endpoint.
 
 mod allocations;
 mod auth;
