@@ -16,11 +16,12 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
+use crate::clock::now_unix_ms;
 use crate::proto::meridian::v1::limiter_client::LimiterClient;
 use crate::proto::meridian::v1::{Check, CheckRequest};
 
@@ -54,12 +55,6 @@ pub struct DemoArgs {
 
 fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A child process stopped (SIGTERM, then SIGKILL after 5 s) when dropped.
@@ -120,7 +115,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .prefix("meridian-demo-")
         .tempdir()
         .context("creating the demo's temp dir")?;
-    let token = format!("demo-{:x}", unix_ms());
+    let token = format!("demo-{:x}", now_unix_ms());
     let mut procs: Vec<Proc> = Vec::new();
 
     // Coordinators.
@@ -361,7 +356,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 /// What the traffic generator saw, per clock-aligned minute.
 #[derive(Default)]
 struct Stats {
-    windows: Mutex<BTreeMap<u64, Window>>,
+    /// Keyed by Unix minute.
+    windows: Mutex<BTreeMap<i64, Window>>,
     errors: AtomicU64,
 }
 
@@ -419,7 +415,7 @@ async fn drive(url: String, region: usize, args: DemoArgs, started: Instant, sta
         match client.check(CheckRequest { checks }).await {
             Ok(r) => {
                 let decisions = r.into_inner().decisions;
-                let window = unix_ms() / 60_000;
+                let window = now_unix_ms() / 60_000;
                 let mut w = stats.windows.lock().unwrap_or_else(|p| p.into_inner());
                 let entry = w.entry(window).or_default();
                 entry.asked[region] += asked;
@@ -470,7 +466,7 @@ async fn summary(
         }
         None => "allocation: none yet".to_string(),
     };
-    let window = unix_ms() / 60_000;
+    let window = now_unix_ms() / 60_000;
     let current = {
         let w = stats.windows.lock().unwrap_or_else(|p| p.into_inner());
         w.get(&window).cloned().unwrap_or_default()

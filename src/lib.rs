@@ -8,6 +8,7 @@
 pub mod algorithm;
 pub mod allocation;
 pub mod bench;
+pub mod clock;
 pub mod coordinator;
 pub mod demo;
 pub mod library;

@@ -16,7 +16,6 @@ use metrics::{counter, gauge, histogram};
 use tokio::sync::Notify;
 use tonic::Status;
 
-use super::api::now_unix_ms;
 use super::node::{Node, Write};
 use super::raft::storage::Applied;
 use super::state::{Command, RegionState, Registry, RuleSetVersion, Stage};
@@ -26,6 +25,7 @@ use crate::allocation::leader::{
     TopUp,
 };
 use crate::allocation::{RegionStatus, WindowUse};
+use crate::clock::now_unix_ms;
 use crate::proto::meridian::v1 as pb;
 use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
 use crate::rules::{RuleFile, RuleSet};

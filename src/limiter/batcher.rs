@@ -33,8 +33,9 @@ use tokio::sync::{Notify, watch};
 use crate::algorithm::{
     Algorithm, Decision, Micros, Params, fixed_window, precheck, sliding_counter, token_bucket,
 };
+use crate::clock::now_unix_us;
 use crate::store::redis::{Delta, Global, RedisStore};
-use crate::store::{Limit, StoreError, key, system_now};
+use crate::store::{Limit, StoreError, key};
 
 /// The algorithms with an approximate path. Sliding log keeps one entry per
 /// hit (nothing to batch into a count) and GCRA's state is a timestamp that
@@ -295,7 +296,7 @@ impl Counter {
 impl Shared {
     /// The Redis clock, as well as this pod knows it.
     fn now(&self) -> Micros {
-        system_now().saturating_add_signed(self.clock_offset_us.load(Ordering::Relaxed))
+        now_unix_us().saturating_add_signed(self.clock_offset_us.load(Ordering::Relaxed))
     }
 }
 
@@ -357,7 +358,7 @@ async fn flush(shared: &Shared, everything: bool) -> Result<(), StoreError> {
     let results = join_all(calls).await;
 
     let mut outcome = Ok(());
-    let local_now = system_now();
+    let local_now = now_unix_us();
     let mut counters = shared.counters.lock().unwrap_or_else(|e| e.into_inner());
     for (group, result) in results {
         match result {

@@ -360,7 +360,7 @@ impl Engine {
     /// (shadow mode and metrics apply as to any other verdict).
     pub fn unallocated(&self, rule: &Rule) -> Verdict {
         let period = rule.params.as_ref().map_or(0, |p| p.period_us());
-        let until_window_end = period.saturating_sub(crate::store::system_now() % period.max(1));
+        let until_window_end = period.saturating_sub(crate::clock::now_unix_us() % period.max(1));
         let decision = Decision {
             allowed: false,
             limit: 0,
@@ -421,7 +421,7 @@ impl Engine {
                     rule: limit.rule.clone(),
                     params: per_pod(params, self.pods_in_region)?,
                 };
-                let now = crate::store::system_now();
+                let now = crate::clock::now_unix_us();
                 let decision = if cost == 0 {
                     self.local.peek_at(&local, key, now)?
                 } else {

@@ -20,6 +20,7 @@ use crate::algorithm::{Algorithm, InvalidInput, Params};
 use crate::allocation::demand::{KeyDemand, bound_report};
 use crate::allocation::table::{RegionUpdate, Table};
 use crate::allocation::{Millis, TOP_UP_AT};
+use crate::clock::now_unix_ms;
 use crate::proto::meridian::v1 as pb;
 use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
 use crate::rules::{Accuracy, Rule, RuleSet, Scope};
@@ -127,11 +128,6 @@ struct Demand {
     seen: HashMap<String, (Millis, u64)>,
 }
 
-/// Unix milliseconds, from the clock the store's embedded path uses.
-fn now_ms() -> Millis {
-    (crate::store::system_now() / 1000) as Millis
-}
-
 #[derive(Default)]
 struct RuleHits {
     /// key → (asked, allowed).
@@ -200,7 +196,7 @@ impl Global {
             return Ok(GlobalLimit::Rule);
         };
         let table = self.table.read().unwrap_or_else(|p| p.into_inner());
-        let Some(allocated) = table.limit(&rule.id, key, now_ms()) else {
+        let Some(allocated) = table.limit(&rule.id, key, now_unix_ms()) else {
             return Ok(GlobalLimit::Nothing);
         };
         if allocated == 0 {
@@ -264,7 +260,7 @@ impl Global {
         let used = limit.saturating_sub(remaining);
         if allowed && let Some(period) = Self::counted_window_ms(rule) {
             let p = period as Millis;
-            let start = now_ms().div_euclid(p) * p;
+            let start = now_unix_ms().div_euclid(p) * p;
             match demand.seen.get_mut(rule.id.as_str()) {
                 Some(seen) if seen.0 == start => seen.1 = seen.1.max(used),
                 Some(seen) if seen.0 < start => *seen = (start, used),
@@ -324,12 +320,12 @@ impl Global {
             let params = rules.rule(id)?.params.as_ref()?;
             windowed(params.algorithm()).then(|| params.period().as_millis() as u64)
         };
-        let result =
-            self.table
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .apply(&update, now_ms(), window);
-        let now = now_ms();
+        let result = self.table.write().unwrap_or_else(|p| p.into_inner()).apply(
+            &update,
+            now_unix_ms(),
+            window,
+        );
+        let now = now_unix_ms();
         let holds = |until: Millis| until == 0 || now < until;
         let raised_now = update.rules.iter().any(|r| {
             (r.split_now.immediate && holds(r.split_now.until_ms))
@@ -372,7 +368,7 @@ impl Global {
 
     /// The epoch held and each counted rule's largest value, read together.
     fn held(&self) -> Held {
-        let now = now_ms();
+        let now = now_unix_ms();
         let table = self.table.read().unwrap_or_else(|p| p.into_inner());
         let counted = self.counted.read().unwrap_or_else(|p| p.into_inner());
         Held {
@@ -448,7 +444,7 @@ impl Global {
         demand: &Demand,
         caps_before: &HashMap<String, u64>,
     ) -> Vec<pb::WindowUse> {
-        let now = now_ms();
+        let now = now_unix_ms();
         let table = self.table.read().unwrap_or_else(|p| p.into_inner());
         let counted = self.counted.read().unwrap_or_else(|p| p.into_inner());
         let mut used: Vec<pb::WindowUse> = counted
@@ -565,7 +561,7 @@ mod tests {
         let rule = global_rule();
         let update = pb::AllocationUpdate {
             epoch: 1,
-            valid_until_unix_ms: now_ms() + 60_000,
+            valid_until_unix_ms: now_unix_ms() + 60_000,
             full: true,
             rules: vec![pb::RuleAllocation {
                 rule: rule.id.clone(),
@@ -596,7 +592,7 @@ mod tests {
         let period = 60_000;
         assert_eq!(
             used.window_start_unix_ms,
-            now_ms().div_euclid(period) * period
+            now_unix_ms().div_euclid(period) * period
         );
     }
 

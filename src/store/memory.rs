@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 
-use super::{Limit, Store, StoreError, key, system_now};
+use super::{Limit, Store, StoreError, key};
 use crate::algorithm::{
     Algorithm, Decision, InvalidInput, Micros, Outcome, fixed_window, leaky_bucket, precheck,
     sliding_counter, sliding_log, token_bucket,
@@ -181,7 +181,12 @@ impl Store for MemoryStore {
         cost: u64,
         now: Option<Micros>,
     ) -> Result<Decision, StoreError> {
-        Ok(self.check_at(limit, key, cost, now.unwrap_or_else(system_now))?)
+        Ok(self.check_at(
+            limit,
+            key,
+            cost,
+            now.unwrap_or_else(crate::clock::now_unix_us),
+        )?)
     }
 
     async fn peek(
@@ -190,7 +195,7 @@ impl Store for MemoryStore {
         key: &str,
         now: Option<Micros>,
     ) -> Result<Decision, StoreError> {
-        Ok(self.peek_at(limit, key, now.unwrap_or_else(system_now))?)
+        Ok(self.peek_at(limit, key, now.unwrap_or_else(crate::clock::now_unix_us))?)
     }
 }
 

@@ -13,7 +13,7 @@ pub use memory::MemoryStore;
 pub use redis::{RedisConfig, RedisStore};
 
 use std::future::Future;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use crate::algorithm::{Decision, InvalidInput, Micros, Params};
 
@@ -71,13 +71,6 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         matches!(self, StoreError::Timeout(_) | StoreError::Connection(_))
     }
-}
-
-/// The local wall clock in µs, for stores that are not told the time.
-pub fn system_now() -> Micros {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as Micros)
 }
 
 /// The store a limiter runs on, chosen at start-up (`--redis` or `--store memory`).

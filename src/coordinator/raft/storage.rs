@@ -703,9 +703,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let data = encode_snapshot(&self.applied)
             .map_err(|e| StorageError::from(StorageIOError::write_snapshot(None, &e)))?;
-        let stamp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
+        let stamp = crate::clock::now_unix_ns();
         let meta = SnapshotMeta {
             last_log_id: self.applied.last_applied,
             last_membership: self.applied.membership.clone(),

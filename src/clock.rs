@@ -1,0 +1,39 @@
+//! The wall clock: every "what time is it, in Unix time" read in Meridian.
+//!
+//! One home so that the coordinator (lease deadlines, rule-set timestamps),
+//! the limiter (window boundaries, allocation table) and the embedded store
+//! agree on the same clock and the same rounding, and so a reader finds every
+//! wall-clock dependency with one grep. The pure core (`algorithm`,
+//! `allocation`) never calls this: it is handed the time as a plain value.
+//!
+//! A clock set before 1970 reads as 0 rather than failing: callers compare
+//! and subtract these values, and a zero merely makes leases look lapsed.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::algorithm::Micros;
+use crate::allocation::Millis;
+
+fn since_epoch() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+}
+
+/// Now, in Unix milliseconds: the unit of leases, epochs and rule-set
+/// timestamps.
+pub fn now_unix_ms() -> Millis {
+    i64::try_from(since_epoch().as_millis()).unwrap_or(Millis::MAX)
+}
+
+/// Now, in Unix microseconds: the unit of the rate-limit algorithms and of
+/// stores that are not told the time.
+pub fn now_unix_us() -> Micros {
+    u64::try_from(since_epoch().as_micros()).unwrap_or(Micros::MAX)
+}
+
+/// Now, in Unix nanoseconds: only for stamps that must differ between two
+/// reads in quick succession (snapshot ids), never for arithmetic.
+pub fn now_unix_ns() -> u128 {
+    since_epoch().as_nanos()
+}
