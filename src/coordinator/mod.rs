@@ -20,7 +20,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use metrics_exporter_prometheus::PrometheusBuilder;
 use openraft::{Config, ServerState, SnapshotPolicy};
 use tokio::sync::watch;
 
@@ -207,8 +206,6 @@ pub enum RunError {
     },
     #[error("raft: {0}")]
     Raft(String),
-    #[error("metrics recorder: {0}")]
-    Metrics(String),
 }
 
 /// Parses `--init`: `ID=RAFT_ADDR@HTTP_ADDR` entries separated by commas.
@@ -297,9 +294,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
     }
     let config = Arc::new(raft_config(&args)?);
     let allocator_config = args.allocator_config().map_err(RunError::Config)?;
-    let prometheus = PrometheusBuilder::new()
-        .install_recorder()
-        .map_err(|e| RunError::Metrics(e.to_string()))?;
+    let prometheus = crate::telemetry::metrics();
 
     std::fs::create_dir_all(&args.data_dir).map_err(|e| RunError::Storage {
         dir: args.data_dir.clone(),
@@ -500,34 +495,6 @@ async fn watch_metrics(
         tokio::select! {
             changed = rx.changed() => if changed.is_err() { return },
             _ = upkeep.tick() => prometheus.run_upkeep(),
-        }
-    }
-}
-
-/// Entry point for `meridian coordinator`: logging, runtime, [`run`].
-pub fn main(args: CoordinatorArgs) -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
-        )
-        .with_target(true)
-        .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the async runtime");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(args)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = %e, "coordinator failed");
-            std::process::ExitCode::FAILURE
         }
     }
 }

@@ -137,6 +137,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     let metrics = crate::telemetry::metrics();
+    let upkeep = tokio::spawn(crate::telemetry::upkeep(metrics.clone()));
     let worker_count = args.threads.map_or_else(
         || std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
         std::num::NonZeroUsize::get,
@@ -310,6 +311,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
         acceptor.abort();
     }
     watcher.abort();
+    upkeep.abort();
     signals.abort();
     if let Some(r) = reporter {
         r.abort();
