@@ -243,10 +243,9 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     if !args.coordinator.is_empty() {
         let (global, coordinators) = (global.clone(), args.coordinator.clone());
         let interval = args.report_interval;
-        control.spawn(
-            "demand reporter",
-            global.report_forever(coordinators, interval),
-        );
+        control.spawn_with_stop("demand reporter", move |stop| {
+            global.report_until(coordinators, interval, stop)
+        });
     }
     // The acceptors; their stop signal is also the workers' cue to drain.
     let mut serving = Tasks::new();
