@@ -18,6 +18,7 @@ pub mod rules;
 pub mod shutdown;
 pub mod sim;
 pub mod store;
+pub mod tasks;
 pub mod telemetry;
 
 pub use library::Limiter;

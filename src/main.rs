@@ -1,6 +1,7 @@
 //! `meridian`: command-line dispatch only.
 
 use clap::{Parser, Subcommand};
+use meridian::telemetry::LogFormat;
 
 /// The hot path allocates small, short-lived buffers on every check (protobuf
 /// messages, Redis commands, keys); mimalloc serves those with less CPU than
@@ -16,6 +17,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
              a Raft-backed coordinator divides global limits between regions."
 )]
 struct Cli {
+    /// How logs are written to stderr: text for people (coloured only on a
+    /// terminal), json for log collectors (one object per line).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -42,11 +47,20 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // openraft logs every election and snapshot step at info; a coordinator
+    // shows its own and its libraries' info lines, openraft's warnings.
+    let default_filter = match cli.command {
+        Command::Coordinator(_) => "info,openraft=warn",
+        _ => "meridian=info",
+    };
+    meridian::telemetry::init_logs(cli.log_format, default_filter);
     let name = match cli.command {
         // Checks are served on the limiter's own worker threads; the main
         // thread only accepts connections and runs the control tasks.
         Command::Limiter(args) => return run_on(true, meridian::limiter::cli::run(args)),
-        Command::Coordinator(args) => return meridian::coordinator::main(args),
+        Command::Coordinator(args) => {
+            return run(async { Ok(meridian::coordinator::run(args).await?) });
+        }
         Command::Ctl => "ctl",
         Command::Demo(args) => return run(meridian::demo::run(args)),
         Command::Simulate(args) => return meridian::sim::cli::run(args),
@@ -59,8 +73,8 @@ fn main() -> std::process::ExitCode {
     std::process::ExitCode::FAILURE
 }
 
-/// Runs a service command on a multi-threaded runtime with logs set up; an
-/// error is printed with its causes and exits 1.
+/// Runs a service command on a multi-threaded runtime; an error is printed
+/// with its causes and exits 1.
 fn run(command: impl std::future::Future<Output = anyhow::Result<()>>) -> std::process::ExitCode {
     run_on(false, command)
 }
@@ -71,7 +85,6 @@ fn run_on(
     one_thread: bool,
     command: impl std::future::Future<Output = anyhow::Result<()>>,
 ) -> std::process::ExitCode {
-    meridian::telemetry::init_logs("meridian=info");
     let runtime = if one_thread {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -20,15 +20,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use metrics_exporter_prometheus::PrometheusBuilder;
 use openraft::{Config, ServerState, SnapshotPolicy};
-use tokio::sync::watch;
 
 use self::api::Api;
 use self::grpc::CoordinatorService;
 use self::node::Node;
 use self::raft::network::{Network, RaftService};
 use self::raft::{Member, NodeId, Raft};
+use crate::tasks::Tasks;
+
+/// How long the servers get after SIGTERM to finish what they have in
+/// flight; tasks still running then are aborted.
+const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Environment variable read when `--admin-token` is not given.
 pub const ADMIN_TOKEN_ENV: &str = "MERIDIAN_ADMIN_TOKEN";
@@ -208,8 +211,6 @@ pub enum RunError {
     },
     #[error("raft: {0}")]
     Raft(String),
-    #[error("metrics recorder: {0}")]
-    Metrics(String),
 }
 
 /// Parses `--init`: `ID=RAFT_ADDR@HTTP_ADDR` entries separated by commas.
@@ -298,9 +299,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
     }
     let config = Arc::new(raft_config(&args)?);
     let allocator_config = args.allocator_config().map_err(RunError::Config)?;
-    let prometheus = PrometheusBuilder::new()
-        .install_recorder()
-        .map_err(|e| RunError::Metrics(e.to_string()))?;
+    let prometheus = crate::telemetry::metrics();
 
     std::fs::create_dir_all(&args.data_dir).map_err(|e| RunError::Storage {
         dir: args.data_dir.clone(),
@@ -353,33 +352,34 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
             source,
         })?;
 
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    let grpc = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(RaftService::server(raft.clone()))
-            .add_service(CoordinatorService::server(
-                applied.clone(),
-                Arc::clone(&allocator),
-            ))
-            .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(grpc_listener),
-                stopped(stop_rx.clone()),
-            ),
-    );
+    let mut tasks = Tasks::new();
+    let grpc = tonic::transport::Server::builder()
+        .add_service(RaftService::server(raft.clone()))
+        .add_service(CoordinatorService::server(
+            applied.clone(),
+            Arc::clone(&allocator),
+        ));
+    tasks.spawn_with_stop("gRPC server", move |stop| async move {
+        let incoming = tonic::transport::server::TcpIncoming::from(grpc_listener);
+        if let Err(e) = grpc
+            .serve_with_incoming_shutdown(incoming, stop.wait())
+            .await
+        {
+            tracing::warn!(error = %e, "grpc server");
+        }
+    });
     let router = api::router(Api {
         node: Arc::clone(&node),
         allocator: Arc::clone(&allocator),
         prometheus: prometheus.clone(),
         shared_rule_floor: args.shared_rule_floor,
     });
-    let http_server = tokio::spawn(
-        axum::serve(http_listener, router)
-            .with_graceful_shutdown(stopped(stop_rx.clone()))
-            .into_future(),
-    );
+    tasks.spawn_with_stop("admin HTTP server", move |stop| async move {
+        let server = axum::serve(http_listener, router).with_graceful_shutdown(stop.wait());
+        if let Err(e) = server.await {
+            tracing::warn!(error = %e, "http server");
+        }
+    });
     tracing::info!(id = args.id, raft = %args.raft_addr, http = %args.http_addr, "coordinator listening");
 
     if let Some(peers) = init {
@@ -393,21 +393,22 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
             Err(e) => return Err(RunError::Raft(e.to_string())),
         }
     }
-    let join = args.join.clone().map(|url| {
-        tokio::spawn(join_cluster(
+    if let Some(url) = args.join.clone() {
+        let join = join_cluster(
             http.clone(),
             url,
             admin_token.clone(),
             args.id,
             member.clone(),
-        ))
-    });
-    let rebalancer = tokio::spawn(Arc::clone(&allocator).run());
-    let upkeep = tokio::spawn(watch_metrics(
-        raft.clone(),
-        prometheus.clone(),
-        Arc::clone(&node),
-    ));
+        );
+        tasks.spawn("cluster join", join);
+    }
+    tasks.spawn("allocator", Arc::clone(&allocator).run());
+    tasks.spawn(
+        "raft metrics",
+        watch_metrics(raft.clone(), Arc::clone(&node)),
+    );
+    tasks.spawn("metrics upkeep", crate::telemetry::upkeep(prometheus));
 
     let failed = tokio::select! {
         () = terminated => None,
@@ -417,25 +418,13 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         None => tracing::info!("shutting down"),
         Some(reason) => tracing::error!(%reason, "raft stopped; shutting down"),
     }
-    let _ = stop_tx.send(true);
-    if let Some(j) = join {
-        j.abort();
-    }
-    upkeep.abort();
-    rebalancer.abort();
+    // The servers stop accepting now, but the limiters' watch streams end
+    // only when Raft's state machine does: stop Raft before waiting.
+    tasks.signal_stop();
     if let Err(e) = raft.shutdown().await {
         tracing::warn!(error = %e, "raft shutdown");
     }
-    match grpc.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "grpc server"),
-        Err(e) => tracing::warn!(error = %e, "grpc server task"),
-    }
-    match http_server.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "http server"),
-        Err(e) => tracing::warn!(error = %e, "http server task"),
-    }
+    tasks.shutdown(SHUTDOWN_DEADLINE).await;
     tracing::info!("stopped");
     match failed {
         None => Ok(()),
@@ -490,15 +479,10 @@ async fn join_cluster(http: reqwest::Client, url: String, token: String, id: Nod
     }
 }
 
-/// Mirrors Raft metrics into Prometheus and runs the exporter's upkeep.
-async fn watch_metrics(
-    raft: Raft,
-    prometheus: metrics_exporter_prometheus::PrometheusHandle,
-    node: Arc<Node>,
-) {
+/// Mirrors Raft metrics into Prometheus.
+async fn watch_metrics(raft: Raft, node: Arc<Node>) {
     let mut rx = raft.metrics();
     let mut leader = None;
-    let mut upkeep = tokio::time::interval(Duration::from_secs(5));
     loop {
         {
             let m = rx.borrow_and_update();
@@ -526,37 +510,8 @@ async fn watch_metrics(
                 leader = m.current_leader;
             }
         }
-        tokio::select! {
-            changed = rx.changed() => if changed.is_err() { return },
-            _ = upkeep.tick() => prometheus.run_upkeep(),
-        }
-    }
-}
-
-/// Entry point for `meridian coordinator`: logging, runtime, [`run`].
-pub fn main(args: CoordinatorArgs) -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
-        )
-        .with_target(true)
-        .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the async runtime");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(args)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = %e, "coordinator failed");
-            std::process::ExitCode::FAILURE
+        if rx.changed().await.is_err() {
+            return;
         }
     }
 }

@@ -8,7 +8,6 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 
 use super::engine::{Engine, EngineConfig};
 use super::global::Global;
@@ -22,6 +21,15 @@ use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::Rate
 use crate::proto::meridian::v1::limiter_server::LimiterServer;
 use crate::rules::RuleSet;
 use crate::store::{AnyStore, MemoryStore, RedisConfig, RedisStore};
+use crate::tasks::Tasks;
+
+/// After the drain, how long the control tasks get to finish: the demand
+/// reporter's last report (a 200 ms wait for checks in flight, then a call
+/// with a 3 s timeout). Tasks still running then are aborted.
+const CONTROL_DEADLINE: Duration = Duration::from_secs(4);
+/// How long the acceptors get to close their listeners after SIGTERM (they
+/// stop at their next `.await`; this bound is never expected to be reached).
+const ACCEPTORS_DEADLINE: Duration = Duration::from_secs(1);
 
 /// Serve rate limit checks for one region: Envoy RLS v3 and Meridian's native
 /// API on the gRPC address, JSON checks, metrics and health on the HTTP one.
@@ -211,16 +219,16 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding HTTP on {}", args.http_addr))?;
     let (grpc_addr, http_addr) = (grpc.local_addr()?, http_listener.local_addr()?);
 
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-
-    let watcher = {
+    // Rules, allocations and demand: stopped after the workers drained, so
+    // the last demand report counts every check they finished.
+    let mut control = Tasks::new();
+    control.spawn("metrics upkeep", crate::telemetry::upkeep(metrics.clone()));
+    {
         let limiter = limiter.clone();
         let on_change = move || limiter.engine.rules_changed();
         if args.coordinator.is_empty() {
-            tokio::spawn(rules.clone().watch(args.reload_interval, on_change))
+            let watch = rules.clone().watch(args.reload_interval, on_change);
+            control.spawn("rule file watch", watch);
         } else {
             let feed = rule_feed::Feed {
                 coordinators: args.coordinator.clone(),
@@ -229,22 +237,25 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
                 cache: args.rules_cache.clone(),
                 global: global.clone(),
             };
-            tokio::spawn(feed.run(rules.clone(), on_change))
+            control.spawn("coordinator feed", feed.run(rules.clone(), on_change));
         }
-    };
-    let reporter = (!args.coordinator.is_empty()).then(|| {
-        tokio::spawn(
-            global
-                .clone()
-                .report_forever(args.coordinator.clone(), args.report_interval),
-        )
-    });
+    }
+    if !args.coordinator.is_empty() {
+        let (global, coordinators) = (global.clone(), args.coordinator.clone());
+        let interval = args.report_interval;
+        control.spawn_with_stop("demand reporter", move |stop| {
+            global.report_until(coordinators, interval, stop)
+        });
+    }
+    // The acceptors; their stop signal is also the workers' cue to drain.
+    let mut serving = Tasks::new();
+    let drain = serving.stop_signal();
     let workers = Workers::start(worker_count, {
         let limiter = limiter.clone();
-        let stop_rx = stop_rx.clone();
+        let drain = drain.clone();
         let response_headers = args.response_headers;
         move |worker: Worker| {
-            let (limiter, metrics, stop_rx) = (limiter.clone(), metrics.clone(), stop_rx.clone());
+            let (limiter, metrics, drain) = (limiter.clone(), metrics.clone(), drain.clone());
             async move {
                 crate::store::redis::bind_thread(worker.index);
                 if let Err(e) = limiter.engine.open_lane(worker.index).await {
@@ -262,12 +273,9 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
                     .add_service(LimiterServer::new(NativeService {
                         limiter: limiter.clone(),
                     }))
-                    .serve_with_incoming_shutdown(
-                        worker.grpc.into_stream(),
-                        stopped(stop_rx.clone()),
-                    );
+                    .serve_with_incoming_shutdown(worker.grpc.into_stream(), drain.clone().wait());
                 let http = axum::serve(worker.http, http::router(HttpState { limiter, metrics }))
-                    .with_graceful_shutdown(stopped(stop_rx));
+                    .with_graceful_shutdown(drain.wait());
                 let (grpc, http) = tokio::join!(grpc, http);
                 grpc.context("gRPC server")?;
                 http.context("HTTP server")?;
@@ -275,7 +283,9 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
             }
         }
     })?;
-    let acceptors = workers.accept(grpc, http_listener);
+    let [accept_grpc, accept_http] = workers.acceptors(grpc, http_listener);
+    serving.spawn("gRPC acceptor", accept_grpc);
+    serving.spawn("HTTP acceptor", accept_http);
 
     let shutdown = crate::shutdown::signal();
     // Tests and scripts read this line to learn the ports.
@@ -285,35 +295,26 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     );
     tracing::info!(region = %args.region, %grpc_addr, %http_addr, "limiter serving");
 
-    let accepting: Vec<_> = acceptors.iter().map(|a| a.abort_handle()).collect();
-    let signals = tokio::spawn(async move {
-        shutdown.await;
-        tracing::info!("shutting down: draining in-flight requests");
-        // New connections are refused (the listeners close) while the
-        // workers finish the requests they have.
-        for acceptor in accepting {
-            acceptor.abort();
-        }
-        let _ = stop_tx.send(true);
-    });
-    let drain_deadline = async {
-        stopped(stop_rx).await;
-        tokio::time::sleep(args.drain_timeout).await;
-    };
+    let finished = workers.finished();
+    tokio::pin!(finished);
     tokio::select! {
-        result = workers.finished() => result?,
-        () = drain_deadline => {
+        // Before the drain a worker stops only when it failed (or
+        // panicked): so does the service, and dropping the task sets stops
+        // the rest.
+        result = &mut finished => return result,
+        () = shutdown => {}
+    }
+    tracing::info!("shutting down: draining in-flight requests");
+    // New connections are refused (the listeners close) while the workers
+    // finish the requests they have.
+    serving.shutdown(ACCEPTORS_DEADLINE).await;
+    tokio::select! {
+        result = finished => result?,
+        () = tokio::time::sleep(args.drain_timeout) => {
             tracing::info!(timeout = ?args.drain_timeout, "drain timeout: closing idle connections");
         }
     }
-    for acceptor in acceptors {
-        acceptor.abort();
-    }
-    watcher.abort();
-    signals.abort();
-    if let Some(r) = reporter {
-        r.abort();
-    }
+    control.shutdown(CONTROL_DEADLINE).await;
     // Hits admitted on the approximate path and not yet in Redis: hand them
     // over, or the other pods under-count this pod's last batch.
     if let Err(e) = limiter.engine.flush_approximate().await {

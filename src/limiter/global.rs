@@ -24,6 +24,7 @@ use crate::clock::now_unix_ms;
 use crate::proto::meridian::v1 as pb;
 use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
 use crate::rules::{Accuracy, Rule, RuleSet, Scope};
+use crate::tasks::Stop;
 
 /// Keys per rule in one report; the rest is summed into a remainder.
 pub const REPORT_TOP_KEYS: usize = 1_000;
@@ -471,18 +472,29 @@ impl Global {
     }
 
     /// Sends demand every `interval`, and an acknowledgement (with any
-    /// top-ups) as soon as an epoch is applied or a top-up is due. A report
+    /// top-ups) as soon as an epoch is applied or a top-up is due, until
+    /// `stop`; then one last demand report, so the hits counted since the
+    /// previous one reach the centre instead of dying with the pod. A report
     /// that cannot be delivered is dropped: demand is a rate, the next one
     /// carries on.
-    pub async fn report_forever(self: Arc<Self>, coordinators: Vec<String>, interval: Duration) {
+    pub async fn report_until(
+        self: Arc<Self>,
+        coordinators: Vec<String>,
+        interval: Duration,
+        mut stop: Stop,
+    ) {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut next = 0usize;
-        let mut client: Option<CoordinatorClient<tonic::transport::Channel>> = None;
+        let mut reports = Reports {
+            coordinators,
+            next: 0,
+            client: None,
+        };
         loop {
-            let with_demand = tokio::select! {
-                _ = tick.tick() => true,
-                () = self.wake.notified() => false,
+            let (with_demand, last) = tokio::select! {
+                _ = tick.tick() => (true, false),
+                () = self.wake.notified() => (false, false),
+                () = stop.stopped() => (true, true),
             };
             // Checks that read the table before it changed are counted
             // first; if some take too long, the window use is left out (the
@@ -493,45 +505,72 @@ impl Global {
             if !drained {
                 report.used.clear();
             }
-            for _ in 0..coordinators.len().max(1) {
-                let c = match &client {
-                    Some(c) => c.clone(),
-                    None => {
-                        let Some(url) = coordinators.get(next % coordinators.len().max(1)) else {
-                            return;
-                        };
-                        match tonic::transport::Endpoint::from_shared(url.clone()) {
-                            Ok(e) => {
-                                let c = CoordinatorClient::new(
-                                    e.connect_timeout(Duration::from_secs(1))
-                                        .timeout(Duration::from_secs(3))
-                                        .connect_lazy(),
-                                );
-                                client = Some(c.clone());
-                                c
-                            }
-                            Err(e) => {
-                                tracing::error!(%url, error = %e, "bad coordinator URL");
-                                next += 1;
-                                continue;
-                            }
+            let kind = match (with_demand, last) {
+                (_, true) => "last",
+                (true, false) => "demand",
+                (false, false) => "ack",
+            };
+            reports.send(&report, kind).await;
+            if last {
+                return;
+            }
+        }
+    }
+}
+
+/// Where a pod's reports go: any coordinator node (a follower relays to the
+/// leader), the one that answered last first.
+struct Reports {
+    /// The nodes' gRPC URLs (`--coordinator`), tried in turn.
+    coordinators: Vec<String>,
+    /// Index (modulo the count) of the node to dial when none is connected.
+    next: usize,
+    /// The channel to the node that answered last; `None` after a failure,
+    /// so the next report dials the next node.
+    client: Option<CoordinatorClient<tonic::transport::Channel>>,
+}
+
+impl Reports {
+    /// Delivers `report` to the first node that takes it, trying each once.
+    async fn send(&mut self, report: &pb::DemandReport, kind: &'static str) {
+        for _ in 0..self.coordinators.len() {
+            let mut client = match &self.client {
+                Some(c) => c.clone(),
+                None => {
+                    let url = &self.coordinators[self.next % self.coordinators.len()];
+                    match tonic::transport::Endpoint::from_shared(url.clone()) {
+                        Ok(e) => {
+                            let c = CoordinatorClient::new(
+                                e.connect_timeout(Duration::from_secs(1))
+                                    .timeout(Duration::from_secs(3))
+                                    .connect_lazy(),
+                            );
+                            self.client = Some(c.clone());
+                            c
+                        }
+                        Err(e) => {
+                            tracing::error!(%url, error = %e, "bad coordinator URL");
+                            self.next += 1;
+                            continue;
                         }
                     }
-                };
-                let mut c = c;
-                match c.report(report.clone()).await {
-                    Ok(_) => {
-                        counter!("meridian_allocation_reports_total", "kind" => if with_demand { "demand" } else { "ack" }).increment(1);
-                        break;
-                    }
-                    Err(status) => {
-                        counter!("meridian_allocation_report_failures_total").increment(1);
-                        tracing::debug!(error = %status, "report failed; trying the next coordinator");
-                        client = None;
-                        next += 1;
-                    }
+                }
+            };
+            match client.report(report.clone()).await {
+                Ok(_) => {
+                    counter!("meridian_allocation_reports_total", "kind" => kind).increment(1);
+                    return;
+                }
+                Err(status) => {
+                    counter!("meridian_allocation_report_failures_total").increment(1);
+                    tracing::debug!(error = %status, "report failed; trying the next coordinator");
+                    self.client = None;
+                    self.next += 1;
                 }
             }
+        }
+        if kind == "last" {
+            tracing::warn!("no coordinator took the last demand report; its hits are lost");
         }
     }
 }

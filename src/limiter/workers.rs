@@ -19,7 +19,6 @@ use std::net::SocketAddr;
 use anyhow::Context;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
 
 /// One worker as its serving code sees it.
 pub struct Worker {
@@ -78,12 +77,17 @@ impl Workers {
         Ok(workers)
     }
 
-    /// Accepts on both listeners (on the calling runtime) and hands the
-    /// connections to the workers, until the tasks are aborted.
-    pub fn accept(&self, grpc: TcpListener, http: TcpListener) -> [JoinHandle<()>; 2] {
+    /// The acceptors of both listeners, to run on the calling runtime: each
+    /// hands connections to the workers until it is dropped, which closes
+    /// its listener.
+    pub fn acceptors(
+        &self,
+        grpc: TcpListener,
+        http: TcpListener,
+    ) -> [impl Future<Output = ()> + Send + use<>; 2] {
         [
-            tokio::spawn(hand_out(grpc, self.grpc.clone())),
-            tokio::spawn(hand_out(http, self.http.clone())),
+            hand_out(grpc, self.grpc.clone()),
+            hand_out(http, self.http.clone()),
         ]
     }
 

@@ -161,7 +161,7 @@ impl Cluster {
             .append(true)
             .open(&node.log)
             .expect("node log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_meridian"))
+        let child = Command::new(super::meridian_bin())
             .arg("coordinator")
             .args(["--id", &id.to_string()])
             .arg("--data-dir")

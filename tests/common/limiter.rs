@@ -1,10 +1,11 @@
 //! Starts `meridian limiter` as a real process on free ports and kills it on
 //! drop (also when a test panics).
 
+use std::io::Read;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStderr, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -12,6 +13,9 @@ use tempfile::TempDir;
 
 pub struct LimiterProcess {
     child: Child,
+    /// The limiter's stderr when started with [`LimiterProcess::start_logging`];
+    /// otherwise it goes to the test's own.
+    logs: Option<ChildStderr>,
     pub grpc: SocketAddr,
     pub http: SocketAddr,
     pub rules: PathBuf,
@@ -27,7 +31,18 @@ impl LimiterProcess {
         std::fs::write(&path, rules).expect("write rules");
         let config = ["--config", path.to_str().expect("utf-8 temp path")];
         let all: Vec<&str> = config.iter().chain(args).copied().collect();
-        LimiterProcess::spawn(&all, path.clone(), dir)
+        LimiterProcess::spawn(&all, path.clone(), dir, false)
+    }
+
+    /// [`LimiterProcess::start`] with its info logs on a pipe (not a
+    /// terminal), read by [`LimiterProcess::terminate_reading_logs`].
+    pub fn start_logging(rules: &str, args: &[&str]) -> LimiterProcess {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("rules.yaml");
+        std::fs::write(&path, rules).expect("write rules");
+        let config = ["--config", path.to_str().expect("utf-8 temp path")];
+        let all: Vec<&str> = config.iter().chain(args).copied().collect();
+        LimiterProcess::spawn(&all, path.clone(), dir, true)
     }
 
     /// Starts a limiter with exactly `args` (e.g. `--coordinator …` instead of
@@ -35,23 +50,30 @@ impl LimiterProcess {
     pub fn start_without_rules(args: &[&str]) -> LimiterProcess {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("rules.yaml");
-        LimiterProcess::spawn(args, path, dir)
+        LimiterProcess::spawn(args, path, dir, false)
     }
 
-    fn spawn(args: &[&str], path: PathBuf, dir: TempDir) -> LimiterProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_meridian"))
+    fn spawn(args: &[&str], path: PathBuf, dir: TempDir, capture_logs: bool) -> LimiterProcess {
+        let log = if capture_logs {
+            "meridian=info".to_string()
+        } else {
+            std::env::var("MERIDIAN_TEST_LOG").unwrap_or_else(|_| "meridian=warn".into())
+        };
+        let mut child = Command::new(super::meridian_bin())
             .arg("limiter")
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
             .args(["--reload-interval", "100ms"])
             .args(args)
-            .env(
-                "RUST_LOG",
-                std::env::var("MERIDIAN_TEST_LOG").unwrap_or_else(|_| "meridian=warn".into()),
-            )
+            .env("RUST_LOG", log)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(if capture_logs {
+                Stdio::piped()
+            } else {
+                Stdio::inherit()
+            })
             .spawn()
             .expect("spawn meridian limiter");
+        let logs = child.stderr.take();
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -72,6 +94,7 @@ impl LimiterProcess {
             grpc: addr("grpc="),
             http: addr("http="),
             child,
+            logs,
             rules: path,
             _dir: dir,
         }
@@ -99,6 +122,17 @@ impl LimiterProcess {
             .args(["-TERM", &self.child.id().to_string()])
             .status();
         self.child.wait().expect("wait for limiter")
+    }
+
+    /// SIGTERM, then everything the limiter logged (started with
+    /// [`LimiterProcess::start_logging`]) and its exit status.
+    pub fn terminate_reading_logs(&mut self) -> (std::process::ExitStatus, String) {
+        let mut logs = self.logs.take().expect("started with start_logging");
+        let status = self.terminate();
+        let mut text = String::new();
+        logs.read_to_string(&mut text)
+            .expect("read the limiter's stderr");
+        (status, text)
     }
 
     /// Whether the process is still running.

@@ -22,6 +22,17 @@ const INSTALL_HINT: &str = "Meridian's tests start their own redis-server proces
      Install Redis (Debian/Ubuntu: `sudo apt-get install -y redis-server`, which also \
      brings redis-cli), or run the README's test command, which installs it.";
 
+/// The `meridian` binary under test: `MERIDIAN_BIN` when set, else the one
+/// cargo built for this run. Checkouts that share one target dir overwrite
+/// each other's `target/debug/meridian` while tests run; MERIDIAN_BIN set to
+/// this checkout's own `target/debug/deps/meridian-<hash>` keeps the test
+/// on the code it was built from.
+pub fn meridian_bin() -> std::path::PathBuf {
+    std::env::var_os("MERIDIAN_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_meridian").into())
+}
+
 /// Fails (never skips) when redis-server is missing, saying how to install it.
 pub fn require_redis() {
     require("redis-server");
