@@ -1,5 +1,5 @@
 //! The simulator's promises: short versions of the published scenarios keep
-//! every DESIGN §4 bound in every window, Meridian rejects no more than the
+//! every stated bound in every window, Meridian rejects no more than the
 //! alternatives after demand shifts, and a seed fixes every output byte.
 
 use std::path::Path;
@@ -40,7 +40,7 @@ fn of(run: &Run, strategy: Strategy) -> &StrategyRun {
 }
 
 /// Every window of Meridian (and of the ideal counter and the static split)
-/// stays within the bound DESIGN §4 states for the scenario: ≤ L for the
+/// stays within the bound docs/architecture.md states for the scenario: ≤ L for the
 /// exact windowed path, + the silent region's allocation for one lease under
 /// `partition: available`, ≤ B + R·T for a token bucket.
 fn assert_bounds(run: &Run) {

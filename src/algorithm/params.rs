@@ -29,7 +29,7 @@ pub const MAX_LOG_LIMIT: u64 = 100_000;
 pub const MIN_PERIOD: Duration = Duration::from_millis(1);
 pub const MAX_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
 
-/// The five algorithms a rule can choose from (DESIGN.md §2). The
+/// The five algorithms a rule can choose from (docs/architecture.md). The
 /// discriminants index per-algorithm tables (`Algorithm::ALL` order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {

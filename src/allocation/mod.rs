@@ -1,4 +1,4 @@
-//! Global limits: how one limit `L` is divided between regions (DESIGN §4).
+//! Global limits: how one limit `L` is divided between regions (docs/architecture.md).
 //!
 //! Pure — no I/O, no clock, no async — so the coordinator, the limiter and the
 //! simulator run the same code:

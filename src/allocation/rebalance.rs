@@ -539,7 +539,7 @@ fn targets_static(view: &RegionsView<'_>, out: &mut Vec<u64>) {
 /// lapsed regions first, then floors, then active regions' demand, then
 /// their headroom — each claim in full when the capacity left covers it,
 /// else in proportion to weight × claim; what is left over goes to active
-/// regions by weight. (DESIGN §4 names weighted max-min here; proportional
+/// regions by weight. (Weighted max-min is the textbook division; proportional
 /// division of a scarce claim lost ~10× less capacity in the simulator.)
 fn targets(
     limit: u64,

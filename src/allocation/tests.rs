@@ -98,7 +98,7 @@ fn water_fill_is_max_min_fair() {
 
 #[test]
 fn shrink_is_published_before_the_grow_it_pays_for() {
-    // The DESIGN §4 worked example: M 600 / H 400 → demand M 300 / H 700.
+    // The worked example in docs/architecture.md: M 600 / H 400 → demand M 300 / H 700.
     let mut slots = [
         Slot {
             granted: 600,
@@ -810,7 +810,7 @@ fn use_of(count: u64, cap: u64) -> WindowUse {
     WindowUse { count, cap }
 }
 
-/// DESIGN §4's worked example, before its first epoch: M 600 / H 400 with
+/// The worked example in docs/architecture.md, before its first epoch: M 600 / H 400 with
 /// targets M 300 / H 700.
 fn m600_h400_to_m300_h700() -> [Slot; 2] {
     [

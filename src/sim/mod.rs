@@ -1,5 +1,5 @@
 //! `meridian simulate`: a deterministic discrete-event simulation of global
-//! limits over the *real* rebalancer and enforcement code (DESIGN §4, §7).
+//! limits over the *real* rebalancer and enforcement code (docs/architecture.md).
 //!
 //! Virtual time only — no clock reads, no threads, no async. Traffic is
 //! drawn from a seeded stream once per step and fed to every strategy

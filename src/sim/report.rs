@@ -127,7 +127,7 @@ pub fn markdown(run: &Run, images: &str) -> String {
     );
     out.push_str(
         "| strategy | max overshoot | mean overshoot | windows above L | false rejections \
-         | capacity used | catch-up | DESIGN §4 bound | latency per check |\n\
+         | capacity used | catch-up | stated bound | latency per check |\n\
          |---|---:|---:|---:|---:|---:|---:|---|---:|\n",
     );
     for sr in &run.runs {

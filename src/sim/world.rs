@@ -162,7 +162,7 @@ pub struct Engine {
     /// Token bucket: admitted world-wide per key in the current step.
     step_hits: HashMap<u32, u64>,
     /// `partition: available`: tables of a cut-off region when the cut began,
-    /// with the span (the allowance of DESIGN §4).
+    /// with the span (the allowance the stated bounds give).
     cut_tables: Vec<(usize, i64, i64, Vec<Table>)>,
     failed_before: Vec<bool>,
     partitioned_before: Vec<bool>,
@@ -906,7 +906,7 @@ impl Engine {
         }
     }
 
-    /// What DESIGN §4 lets the world admit above `L` for `key` in the window
+    /// What the stated bounds (docs/architecture.md) let the world admit above `L` for `key` in the window
     /// `[from, to)`: with `partition: available`, the allocation a cut-off
     /// region held when it went silent, for at most one lease after.
     pub fn allowance(&self, key: u32, from: i64, to: i64) -> u64 {
