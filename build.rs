@@ -1,8 +1,11 @@
 //! Compiles every .proto under proto/ with a vendored protoc, so a fresh machine
-//! needs nothing but cargo.
+//! needs nothing but cargo. Only the server speaks protobuf: the library-only
+//! build (`default-features = false`) skips this and its build dependencies.
 
+#[cfg(feature = "server")]
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "server")]
 fn protos(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
@@ -15,6 +18,10 @@ fn protos(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     Ok(())
 }
 
+#[cfg(not(feature = "server"))]
+fn main() {}
+
+#[cfg(feature = "server")]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     // SAFETY: build scripts are single-threaded; nothing else reads the environment concurrently.

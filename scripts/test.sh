@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Meridian's test command: installs what the tests need when it is missing,
-# then runs the formatting check, clippy and the whole test suite.
+# then runs the formatting check, clippy and the whole test suite, and builds
+# and tests the library-only configuration (default-features = false).
 # Usage: scripts/test.sh   (from any directory; needs Rust, and root or sudo
 # on a machine without redis-server)
 set -euo pipefail
@@ -32,3 +33,15 @@ cargo clippy --all-targets --locked -- -D warnings
 echo "==> cargo test"
 cargo test --all-targets --locked
 cargo test --doc --locked
+
+# What a gateway embedding `meridian::Limiter` compiles: no server parts.
+# Clippy over every target also proves each one either builds without the
+# server or says it needs it (`required-features` in Cargo.toml).
+echo "==> library only: --no-default-features --features redis"
+cargo clippy --all-targets --locked --no-default-features --features redis -- -D warnings
+cargo build --locked --no-default-features --features redis --lib
+cargo test --locked --no-default-features --features redis --lib
+cargo test --locked --no-default-features --features redis --doc
+echo "==> library only, memory store: --no-default-features"
+cargo clippy --locked --no-default-features --lib -- -D warnings
+cargo test --locked --no-default-features --doc

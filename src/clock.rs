@@ -12,7 +12,6 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::algorithm::Micros;
-use crate::allocation::Millis;
 
 fn since_epoch() -> Duration {
     SystemTime::now()
@@ -21,9 +20,9 @@ fn since_epoch() -> Duration {
 }
 
 /// Now, in Unix milliseconds: the unit of leases, epochs and rule-set
-/// timestamps.
-pub fn now_unix_ms() -> Millis {
-    i64::try_from(since_epoch().as_millis()).unwrap_or(Millis::MAX)
+/// timestamps (`allocation::Millis`).
+pub fn now_unix_ms() -> i64 {
+    i64::try_from(since_epoch().as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Now, in Unix microseconds: the unit of the rate-limit algorithms and of

@@ -49,7 +49,9 @@ use crate::algorithm::InvalidInput;
 use crate::limiter::service::{self, Descriptor, NativeCheck};
 use crate::limiter::{Engine, EngineConfig, RuleSource, Verdict};
 use crate::rules::{RuleErrors, RuleFile, RuleSet};
-use crate::store::{AnyStore, MemoryStore, RedisStore, StoreError};
+#[cfg(feature = "redis")]
+use crate::store::RedisStore;
+use crate::store::{AnyStore, MemoryStore, StoreError};
 
 /// An in-process rate limiter built from rules and a store.
 pub struct Limiter {
@@ -180,11 +182,10 @@ impl Builder {
         let store = self.store.ok_or(BuildError::NoStore)?;
         let rules = RuleSet::parse(&self.files)?;
         Ok(Limiter {
-            inner: service::Limiter {
-                engine: Engine::new(store, &self.config),
-                rules: Arc::new(RuleSource::fixed(rules)),
-                global: Arc::new(crate::limiter::global::Global::uncoordinated()),
-            },
+            inner: service::Limiter::uncoordinated(
+                Engine::new(store, &self.config),
+                Arc::new(RuleSource::fixed(rules)),
+            ),
         })
     }
 }
@@ -206,6 +207,7 @@ impl From<MemoryStore> for AnyStore {
     }
 }
 
+#[cfg(feature = "redis")]
 impl From<RedisStore> for AnyStore {
     fn from(store: RedisStore) -> AnyStore {
         AnyStore::Redis(Box::new(store))

@@ -29,10 +29,10 @@ use super::demand::{AckTracker, DemandTracker, KeyDemand, Pace};
 use super::rebalance::{Round, is_noop, rebalance};
 use super::{
     Allocations, Config, Epoch, EpochDelta, InWindow, Millis, RegionInput, RegionStatus,
-    RulePolicy, Shares, WindowUse, next_round_at,
+    RulePolicy, Shares, TOP_UP_AT, WindowUse, next_round_at,
 };
 use crate::algorithm::Algorithm;
-use crate::rules::{Accuracy, Partition, RuleSet, Scope};
+use crate::rules::{Accuracy, Partition, Rule, RuleSet, Scope};
 
 /// Out-of-cycle rounds (top-ups, demand steps, new regions) run at most this
 /// often: each commits an epoch that every pod must receive and acknowledge.
@@ -94,24 +94,26 @@ impl GlobalRule {
         }
     }
 
+    /// The rule as a global rule, if it is `scope: global` with a limit.
+    pub fn of_rule(rule: &Rule) -> Option<GlobalRule> {
+        let params = rule.params.as_ref()?;
+        (rule.scope == Scope::Global).then(|| {
+            GlobalRule::new(
+                &rule.id,
+                params.limit(),
+                params.algorithm(),
+                rule.accuracy,
+                params.period().as_millis() as u64,
+                rule.partition,
+                rule.fallback,
+            )
+        })
+    }
+
     /// Every `scope: global` rule of a parsed rule set, sorted by id.
     pub fn of_rule_set(set: &RuleSet) -> Vec<GlobalRule> {
-        let mut rules: Vec<GlobalRule> = set
-            .rules()
-            .filter(|rule| rule.scope == Scope::Global)
-            .filter_map(|rule| {
-                let params = rule.params.as_ref()?;
-                Some(GlobalRule::new(
-                    &rule.id,
-                    params.limit(),
-                    params.algorithm(),
-                    rule.accuracy,
-                    params.period().as_millis() as u64,
-                    rule.partition,
-                    rule.fallback,
-                ))
-            })
-            .collect();
+        let mut rules: Vec<GlobalRule> =
+            set.rules().filter_map(|r| GlobalRule::of_rule(r)).collect();
         rules.sort_by(|a, b| a.policy.rule.cmp(&b.policy.rule));
         rules
     }
@@ -168,6 +170,27 @@ pub struct TopUp {
     pub per_period: f64,
     /// The span that pace was measured over.
     pub interval_ms: u64,
+}
+
+impl TopUp {
+    /// Whether a pod that has used `used` of a key's `limit` this window
+    /// asks for a top-up ([`TOP_UP_AT`]); how often it may ask is the pod's
+    /// own business.
+    pub fn wanted(used: u64, limit: u64) -> bool {
+        limit > 0 && used as f64 >= TOP_UP_AT * limit as f64
+    }
+
+    /// The request for a key `asked` hits at this pod over the `since_ms`
+    /// since its last report. (A decision's count is no measure of pace: a
+    /// sliding counter's includes the previous window's hits.)
+    pub fn measured(rule: &str, key: &str, asked: u64, since_ms: u64, period_ms: u64) -> TopUp {
+        TopUp {
+            rule: rule.to_string(),
+            key: key.to_string(),
+            per_period: asked as f64 * period_ms as f64 / since_ms.max(1) as f64,
+            interval_ms: since_ms,
+        }
+    }
 }
 
 /// What one report changed, for the caller's metrics and wake-ups.

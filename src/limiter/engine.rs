@@ -13,13 +13,18 @@ use std::time::{Duration, Instant};
 
 use metrics::{Counter, Histogram, counter, gauge, histogram};
 
+#[cfg(feature = "redis")]
 use super::batcher::{self, Batcher, Batching};
 use super::breaker::Breaker;
 use super::cache::OverLimitCache;
 use super::split::SubCounters;
 use crate::algorithm::{Decision, DenyReason, InvalidInput, Params};
-use crate::rules::{Accuracy, FailMode, Rule};
-use crate::store::{AnyStore, Limit, MemoryStore, RedisStore, Store, StoreError};
+#[cfg(feature = "redis")]
+use crate::rules::Accuracy;
+use crate::rules::{FailMode, Rule};
+#[cfg(feature = "redis")]
+use crate::store::RedisStore;
+use crate::store::{AnyStore, Limit, MemoryStore, Store, StoreError};
 
 /// How a verdict was reached; reported to clients and counted in metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +113,7 @@ pub struct Engine {
     /// The approximate path's batcher, started by the first approximate check
     /// (its flusher needs a runtime; `Engine::new` may run outside one). Only
     /// with Redis: on the embedded store every check is already in process.
+    #[cfg(feature = "redis")]
     batcher: OnceLock<Batcher>,
     /// Backs `fail_mode: local`; also counts nothing else.
     local: MemoryStore,
@@ -159,6 +165,7 @@ impl Engine {
     pub fn new(store: AnyStore, config: &EngineConfig) -> Engine {
         Engine {
             store,
+            #[cfg(feature = "redis")]
             batcher: OnceLock::new(),
             local: MemoryStore::new(),
             cache: OverLimitCache::new(config.cache_capacity),
@@ -176,6 +183,7 @@ impl Engine {
 
     /// Gives the calling thread its own Redis connection, on the calling
     /// runtime (see `store::redis::lanes`); nothing to do for the memory store.
+    #[cfg(feature = "redis")]
     pub async fn open_lane(&self, index: usize) -> Result<(), StoreError> {
         match &self.store {
             AnyStore::Memory(_) => Ok(()),
@@ -331,29 +339,32 @@ impl Engine {
     /// One counter: in process on the approximate path, else the store.
     async fn decide_counter(
         &self,
-        rule: &Rule,
+        #[cfg_attr(not(feature = "redis"), expect(unused_variables))] rule: &Rule,
         limit: &Limit,
         key: &str,
         cost: u64,
     ) -> Result<Decision, StoreError> {
-        match (approximate(rule, &limit.params), &self.store) {
-            (Some(batching), AnyStore::Redis(redis)) => {
-                self.batcher(redis).check(limit, key, cost, batching).await
-            }
-            _ => self.call_store(limit, key, cost).await,
+        #[cfg(feature = "redis")]
+        if let (Some(batching), AnyStore::Redis(redis)) =
+            (approximate(rule, &limit.params), &self.store)
+        {
+            return self.batcher(redis).check(limit, key, cost, batching).await;
         }
+        self.call_store(limit, key, cost).await
     }
 
+    #[cfg(feature = "redis")]
     fn batcher(&self, redis: &RedisStore) -> &Batcher {
         self.batcher.get_or_init(|| Batcher::start(redis.clone()))
     }
 
     /// Sends the approximate path's pending deltas now (tests, benchmarks, shutdown).
     pub async fn flush_approximate(&self) -> Result<(), StoreError> {
-        match self.batcher.get() {
-            Some(b) => b.flush_now().await,
-            None => Ok(()),
+        #[cfg(feature = "redis")]
+        if let Some(b) = self.batcher.get() {
+            return b.flush_now().await;
         }
+        Ok(())
     }
 
     /// The verdict for a global rule this region holds no allocation for
@@ -435,6 +446,7 @@ impl Engine {
 
 /// The rule's batching when it takes the approximate path (the algorithm must
 /// support it; a descriptor's `limit` override keeps the rule's accuracy).
+#[cfg(feature = "redis")]
 fn approximate(rule: &Rule, params: &Params) -> Option<Batching> {
     let Accuracy::Approximate {
         sync_interval,
@@ -486,7 +498,9 @@ fn shadow(rule: &Rule, mut decision: Decision, source: Source) -> Verdict {
 fn error_kind(e: &StoreError) -> &'static str {
     match e {
         StoreError::Timeout(_) => "timeout",
+        #[cfg(feature = "redis")]
         StoreError::Connection(_) => "connection",
+        #[cfg(feature = "redis")]
         StoreError::Server(_) => "server",
         StoreError::Reply(_) => "reply",
         StoreError::InvalidInput(_) => "invalid_input",

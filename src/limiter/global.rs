@@ -16,14 +16,15 @@ use std::time::{Duration, Instant};
 use metrics::{counter, gauge};
 use tokio::sync::Notify;
 
-use crate::algorithm::{Algorithm, InvalidInput, Params};
+use crate::algorithm::{InvalidInput, Params};
+use crate::allocation::Millis;
 use crate::allocation::demand::{KeyDemand, bound_report};
+use crate::allocation::leader::{GlobalRule, TopUp};
 use crate::allocation::table::{RegionUpdate, Table};
-use crate::allocation::{Millis, TOP_UP_AT};
 use crate::clock::now_unix_ms;
 use crate::proto::meridian::v1 as pb;
 use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
-use crate::rules::{Accuracy, Rule, RuleSet, Scope};
+use crate::rules::{Rule, RuleSet, Scope};
 use crate::tasks::Stop;
 
 /// Keys per rule in one report; the rest is summed into a remainder.
@@ -137,13 +138,6 @@ struct RuleHits {
     rest: (u64, u64),
 }
 
-fn windowed(algorithm: Algorithm) -> bool {
-    matches!(
-        algorithm,
-        Algorithm::FixedWindow | Algorithm::SlidingWindowLog | Algorithm::SlidingWindowCounter
-    )
-}
-
 impl Global {
     pub fn new(region: &str, pod: &str, coordinated: bool) -> Global {
         Global {
@@ -167,12 +161,9 @@ impl Global {
     /// Rules whose window use this pod reports: exact fixed windows, where a
     /// decision's `limit − remaining` is the key's count in the window.
     fn counted_window_ms(rule: &Rule) -> Option<u64> {
-        let params = rule.params.as_ref()?;
-        (rule.scope == Scope::Global
-            && params.algorithm() == Algorithm::FixedWindow
-            && rule.accuracy == Accuracy::Exact)
-            .then(|| params.period().as_millis() as u64)
-            .filter(|p| *p > 0)
+        GlobalRule::of_rule(rule)
+            .filter(|g| g.counted && g.period_ms > 0)
+            .map(|g| g.period_ms)
     }
 
     /// A limiter that takes no allocations (rules from files, the library).
@@ -271,7 +262,7 @@ impl Global {
                 }
             }
         }
-        if limit == 0 || (used as f64) < TOP_UP_AT * limit as f64 {
+        if !TopUp::wanted(used, limit) {
             return;
         }
         let id = (rule.id.clone(), key.to_string());
@@ -283,22 +274,26 @@ impl Global {
         if !due {
             return;
         }
-        // The key's pace here since the last report, per period. (The
-        // decision's count is no measure of pace: a sliding counter's
-        // includes the previous window's hits.)
+        // The key's pace here since the last report, per period.
         let Some(since) = demand.since.map(|t| t.elapsed()) else {
             return;
         };
         if since < Duration::from_millis(200) {
             return;
         }
-        let per_period = asked.0 as f64 * params.period().as_secs_f64() / since.as_secs_f64();
+        let top_up = TopUp::measured(
+            &rule.id,
+            key,
+            asked.0,
+            since.as_millis() as u64,
+            params.period().as_millis() as u64,
+        );
         demand.last_top_up.insert(id, Instant::now());
         demand.top_ups.push(pb::TopUp {
-            rule: rule.id.clone(),
-            key: key.to_string(),
-            per_period,
-            interval_ms: since.as_millis() as u64,
+            rule: top_up.rule,
+            key: top_up.key,
+            per_period: top_up.per_period,
+            interval_ms: top_up.interval_ms,
         });
         if demand.last_top_up.len() > 10_000 {
             demand.last_top_up.retain(|_, t| t.elapsed() < TOP_UP_EVERY);
@@ -317,10 +312,7 @@ impl Global {
             .rules()
             .filter_map(|r| Some((r.id.clone(), Self::counted_window_ms(r)?)))
             .collect();
-        let window = |id: &str| {
-            let params = rules.rule(id)?.params.as_ref()?;
-            windowed(params.algorithm()).then(|| params.period().as_millis() as u64)
-        };
+        let window = |id: &str| GlobalRule::of_rule(rules.rule(id)?)?.policy.window_ms;
         let result = self.table.write().unwrap_or_else(|p| p.into_inner()).apply(
             &update,
             now_unix_ms(),

@@ -1,19 +1,26 @@
 //! The regional limiter: the engine (hot path) and the transports around it.
 
+#[cfg(feature = "redis")]
 pub mod batcher;
 mod breaker;
 mod cache;
+#[cfg(feature = "server")]
 pub mod cli;
 pub mod engine;
+#[cfg(feature = "server")]
 pub mod global;
+#[cfg(feature = "server")]
 pub mod grpc;
+#[cfg(feature = "server")]
 pub mod http;
 
 pub use engine::{Check, Engine, EngineConfig, Source, Verdict};
+#[cfg(feature = "server")]
 pub mod rule_feed;
 pub mod rule_source;
 pub mod service;
 pub mod split;
+#[cfg(feature = "server")]
 pub mod workers;
 
 pub use rule_source::RuleSource;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use futures::future::join_all;
 
 use super::engine::{Check, Engine, Verdict};
+#[cfg(feature = "server")]
 use super::global::{Global, GlobalLimit};
 use super::rule_source::RuleSource;
 use crate::algorithm::{InvalidInput, Params};
@@ -21,6 +22,9 @@ pub struct Limiter {
     pub engine: Engine,
     pub rules: Arc<RuleSource>,
     /// Allocations of global rules (and demand reports) when coordinated.
+    /// Only the server has a coordinator: in the library every rule, global
+    /// or not, runs at its own limit, as an uncoordinated server's does.
+    #[cfg(feature = "server")]
     pub global: Arc<Global>,
 }
 
@@ -56,6 +60,16 @@ pub struct NativeCheck {
 }
 
 impl Limiter {
+    /// A limiter that takes no allocations (rules from files, the library).
+    pub fn uncoordinated(engine: Engine, rules: Arc<RuleSource>) -> Limiter {
+        Limiter {
+            engine,
+            rules,
+            #[cfg(feature = "server")]
+            global: Arc::new(Global::uncoordinated()),
+        }
+    }
+
     /// Decides every descriptor of an Envoy RLS request, in order. `hits` is
     /// the request's `hits_addend` (0 = 1).
     pub async fn rate_limit(
@@ -191,9 +205,16 @@ impl Limiter {
     /// is counted for the demand report); every other rule as is. An Envoy
     /// per-descriptor `limit` override wins over the allocation.
     async fn decide(&self, check: Check<'_>) -> Result<Verdict, InvalidInput> {
-        if check.limit.is_some() {
-            return self.engine.check(check).await;
+        #[cfg(feature = "server")]
+        if check.limit.is_none() {
+            return self.decide_global(check).await;
         }
+        self.engine.check(check).await
+    }
+
+    /// The server's path: through this region's allocation when coordinated.
+    #[cfg(feature = "server")]
+    async fn decide_global(&self, check: Check<'_>) -> Result<Verdict, InvalidInput> {
         let _in_flight = self.global.flight(check.rule);
         let verdict = match self.global.limit(check.rule, check.counter_key)? {
             GlobalLimit::Rule => return self.engine.check(check).await,

@@ -15,6 +15,7 @@
 //!   its `rate_limit.name`, for the native API's rule + key checks.
 //! - `Rule`, `Resolved { rule, counter_key }` and the enums in `model.rs`.
 
+#[cfg(feature = "server")]
 pub mod cli;
 mod duration;
 mod model;

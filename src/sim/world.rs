@@ -22,8 +22,8 @@ use crate::allocation::leader::{
 };
 use crate::allocation::table::{RegionUpdate, RuleUpdate, Table, region_update};
 use crate::allocation::{
-    Allocations, EpochDelta, Millis, RegionInput, RegionStatus, TOP_UP_AT, WindowUse,
-    fallback_share, next_round_at, static_shares,
+    Allocations, EpochDelta, Millis, RegionInput, RegionStatus, WindowUse, fallback_share,
+    next_round_at, static_shares,
 };
 use crate::rules::{Accuracy, Partition};
 
@@ -859,25 +859,24 @@ impl Engine {
                         let used = limit.saturating_sub(remaining);
                         if self.strategy == Strategy::Meridian
                             && s.coordinator.top_up
-                            && limit > 0
-                            && used as f64 >= TOP_UP_AT * limit as f64
+                            && TopUp::wanted(used, limit)
                             && pod.topped.get(&key) != Some(&window)
                         {
                             pod.topped.insert(key, window);
                             if self.link(r, t) {
                                 // The pod's pace since its last report, per
                                 // period, as the limiter measures it.
-                                let elapsed = (t - since + s.step_ms).max(1);
-                                let per_period = pod_asked as f64 * period as f64 / elapsed as f64;
+                                let elapsed = (t - since + s.step_ms).max(1) as u64;
                                 top_ups.push((
                                     r,
                                     p,
-                                    TopUp {
-                                        rule: RULE.into(),
-                                        key: self.keys[key as usize].clone(),
-                                        per_period,
-                                        interval_ms: elapsed as u64,
-                                    },
+                                    TopUp::measured(
+                                        RULE,
+                                        &self.keys[key as usize],
+                                        pod_asked,
+                                        elapsed,
+                                        period as u64,
+                                    ),
                                 ));
                             }
                         }

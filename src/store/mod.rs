@@ -7,9 +7,11 @@
 
 pub mod key;
 mod memory;
+#[cfg(feature = "redis")]
 pub mod redis;
 
 pub use memory::MemoryStore;
+#[cfg(feature = "redis")]
 pub use redis::{RedisConfig, RedisStore};
 
 use std::future::Future;
@@ -57,8 +59,10 @@ pub enum StoreError {
     InvalidInput(#[from] InvalidInput),
     #[error("redis did not answer within the {0:?} deadline")]
     Timeout(Duration),
+    #[cfg(feature = "redis")]
     #[error("redis connection failed: {0}")]
     Connection(#[source] ::redis::RedisError),
+    #[cfg(feature = "redis")]
     #[error("redis refused the command: {0}")]
     Server(#[source] ::redis::RedisError),
     #[error("unexpected reply from redis: {0}")]
@@ -69,13 +73,19 @@ impl StoreError {
     /// Whether retrying (or falling back per the rule's fail mode) makes sense:
     /// the store was unreachable or slow, not the request wrong.
     pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Timeout(_) | StoreError::Connection(_))
+        match self {
+            StoreError::Timeout(_) => true,
+            #[cfg(feature = "redis")]
+            StoreError::Connection(_) => true,
+            _ => false,
+        }
     }
 }
 
 /// The store a limiter runs on, chosen at start-up (`--redis` or `--store memory`).
 pub enum AnyStore {
     Memory(MemoryStore),
+    #[cfg(feature = "redis")]
     Redis(Box<RedisStore>),
 }
 
@@ -84,6 +94,7 @@ impl AnyStore {
     pub async fn ping(&self) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(_) => Ok(()),
+            #[cfg(feature = "redis")]
             AnyStore::Redis(s) => s.ping().await,
         }
     }
@@ -99,6 +110,7 @@ impl Store for AnyStore {
     ) -> Result<Decision, StoreError> {
         match self {
             AnyStore::Memory(s) => s.check(limit, key, cost, now).await,
+            #[cfg(feature = "redis")]
             AnyStore::Redis(s) => s.check(limit, key, cost, now).await,
         }
     }
@@ -111,6 +123,7 @@ impl Store for AnyStore {
     ) -> Result<Decision, StoreError> {
         match self {
             AnyStore::Memory(s) => s.peek(limit, key, now).await,
+            #[cfg(feature = "redis")]
             AnyStore::Redis(s) => s.peek(limit, key, now).await,
         }
     }
