@@ -1,37 +1,46 @@
 //! Meridian: a multi-region rate limiter. The architecture is described in
 //! `docs/architecture.md`.
 //!
-//! The pure core (`algorithm`) decides; `store` keeps the state, embedded or in
-//! Redis.
-//!
-//! Embedding the limiter in a Rust process: [`Limiter`] (see [`library`]).
-//! With `default-features = false` the crate is that library alone — the
-//! limiter, the stores (`redis` adds the Redis store), the algorithms and the
-//! rules; the `server` feature (on by default) adds the binary's services.
+//! Embedding the limiter in a Rust process: [`Limiter`] (see [`library`]),
+//! over a store from [`store`], with rules from [`rules`]; the algorithms
+//! themselves are the pure state machines of [`algorithm`]. With
+//! `default-features = false` the crate is that library alone (`redis` adds
+//! the Redis store); the `server` feature (on by default) adds the binary's
+//! services, reached through [`commands`], the pure global-limit logic of
+//! [`allocation`], the simulator ([`sim`]) and the gRPC types ([`proto`]) a
+//! gateway or a test uses to call the limiter and the coordinator.
+
+// Without the services, the engine's operational surface (gauges, lanes,
+// the breaker's state, rule-file paths) has no caller in the crate: it is not
+// dead in the build that ships the binary, where it is checked.
+#![cfg_attr(not(feature = "server"), allow(dead_code))]
 
 pub mod algorithm;
 #[cfg(feature = "server")]
 pub mod allocation;
 #[cfg(feature = "server")]
-pub mod bench;
-pub mod clock;
+mod bench;
+mod clock;
 #[cfg(feature = "server")]
-pub mod coordinator;
+pub mod commands;
 #[cfg(feature = "server")]
-pub mod demo;
+mod coordinator;
+#[cfg(feature = "server")]
+mod demo;
 pub mod library;
-pub mod limiter;
+mod limiter;
 #[cfg(feature = "server")]
 pub mod proto;
 pub mod rules;
 #[cfg(feature = "server")]
-pub mod shutdown;
+mod shutdown;
 #[cfg(feature = "server")]
 pub mod sim;
 pub mod store;
 #[cfg(feature = "server")]
-pub mod tasks;
+mod tasks;
 #[cfg(feature = "server")]
-pub mod telemetry;
+mod telemetry;
 
-pub use library::Limiter;
+pub use library::{BuildError, Builder, Limiter};
+pub use limiter::{EngineConfig, Source, Verdict};

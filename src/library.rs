@@ -1,7 +1,7 @@
 //! Meridian in process: a Rust gateway embeds the limiter with no extra hop.
 //!
-//! [`Limiter`] is the service's limiter ([`crate::limiter::service::Limiter`]:
-//! same rule files, same matching, same engine with its over-limit cache,
+//! [`Limiter`] is the `meridian limiter` service's own check path (same rule
+//! files, same matching, same engine with its over-limit cache,
 //! approximate path, hot-key split, fail modes and shadow mode) behind a small
 //! API. Counters live in the store you give it: a [`MemoryStore`] for one
 //! process, or a [`RedisStore`] shared with other pods and with `meridian
@@ -55,7 +55,7 @@ use crate::store::{AnyStore, MemoryStore, StoreError};
 
 /// An in-process rate limiter built from rules and a store.
 pub struct Limiter {
-    inner: service::Limiter,
+    inner: service::Service,
 }
 
 /// Builds a [`Limiter`]: rules (YAML text, one domain per file), a store,
@@ -145,11 +145,6 @@ impl Limiter {
     pub async fn flush(&self) -> Result<(), StoreError> {
         self.inner.engine.flush_approximate().await
     }
-
-    /// The service-level limiter underneath (Envoy RLS requests, batches).
-    pub fn service(&self) -> &service::Limiter {
-        &self.inner
-    }
 }
 
 impl Builder {
@@ -182,7 +177,7 @@ impl Builder {
         let store = self.store.ok_or(BuildError::NoStore)?;
         let rules = RuleSet::parse(&self.files)?;
         Ok(Limiter {
-            inner: service::Limiter::uncoordinated(
+            inner: service::Service::uncoordinated(
                 Engine::new(store, &self.config),
                 Arc::new(RuleSource::fixed(rules)),
             ),

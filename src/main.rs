@@ -1,7 +1,7 @@
 //! `meridian`: command-line dispatch only.
 
 use clap::{Parser, Subcommand};
-use meridian::telemetry::LogFormat;
+use meridian::commands::{self, LogFormat};
 
 /// The hot path allocates small, short-lived buffers on every check (protobuf
 /// messages, Redis commands, keys); mimalloc serves those with less CPU than
@@ -30,19 +30,19 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the regional limiter service (Envoy RLS v3, gRPC, HTTP).
-    Limiter(meridian::limiter::cli::LimiterArgs),
+    Limiter(commands::LimiterArgs),
     /// Run a coordinator node (Raft cluster holding rules, regions, allocations).
-    Coordinator(meridian::coordinator::CoordinatorArgs),
+    Coordinator(commands::CoordinatorArgs),
     /// Operate a coordinator cluster through its admin API.
     Ctl,
     /// Run the whole system on this machine: 3 coordinators, 2 regions, traffic.
-    Demo(meridian::demo::DemoArgs),
+    Demo(commands::DemoArgs),
     /// Replay multi-region traffic in virtual time and measure the bounds.
-    Simulate(meridian::sim::cli::SimulateArgs),
+    Simulate(commands::SimulateArgs),
     /// Load-test a limiter: throughput, latency percentiles, cost per check.
-    Bench(meridian::bench::BenchArgs),
+    Bench(commands::BenchArgs),
     /// Check and explain rule files.
-    Rules(meridian::rules::cli::RulesArgs),
+    Rules(commands::RulesArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -53,21 +53,21 @@ fn main() -> std::process::ExitCode {
         Command::Coordinator(_) => "info,openraft=warn",
         _ => "meridian=info",
     };
-    meridian::telemetry::init_logs(cli.log_format, default_filter);
+    commands::init_logs(cli.log_format, default_filter);
     let name = match cli.command {
         // Checks are served on the limiter's own worker threads; the main
         // thread only accepts connections and runs the control tasks.
-        Command::Limiter(args) => return run_on(true, meridian::limiter::cli::run(args)),
+        Command::Limiter(args) => return run_on(true, commands::limiter(args)),
         Command::Coordinator(args) => {
-            return run(async { Ok(meridian::coordinator::run(args).await?) });
+            return run(async { Ok(commands::coordinator(args).await?) });
         }
         Command::Ctl => "ctl",
-        Command::Demo(args) => return run(meridian::demo::run(args)),
-        Command::Simulate(args) => return meridian::sim::cli::run(args),
+        Command::Demo(args) => return run(commands::demo(args)),
+        Command::Simulate(args) => return commands::simulate(args),
         Command::Bench(args) => {
-            return run(async { Ok(meridian::bench::run(args).await.map(drop)?) });
+            return run(async { Ok(commands::bench(args).await.map(drop)?) });
         }
-        Command::Rules(args) => return meridian::rules::cli::run(args),
+        Command::Rules(args) => return commands::rules(args),
     };
     eprintln!("meridian {name}: not yet implemented");
     std::process::ExitCode::FAILURE

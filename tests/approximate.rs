@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::{RedisCluster, RedisServer};
 use meridian::Limiter;
-use meridian::limiter::Source;
+use meridian::Source;
 use meridian::store::{RedisConfig, RedisStore};
 
 /// A pod. Tests that prove a bound (not a fail mode) give Redis a generous

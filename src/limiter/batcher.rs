@@ -251,16 +251,6 @@ impl Batcher {
     pub async fn flush_now(&self) -> Result<(), StoreError> {
         flush(&self.shared, true).await
     }
-
-    /// Hits admitted here and not yet acknowledged by Redis.
-    pub fn unflushed(&self) -> u64 {
-        let counters = self
-            .shared
-            .counters
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        counters.values().map(|c| c.pending + c.in_flight).sum()
-    }
 }
 
 impl Drop for Batcher {

@@ -15,7 +15,7 @@ use super::grpc::{NativeService, RlsService};
 use super::http::{self, HttpState};
 use super::rule_feed;
 use super::rule_source::RuleSource;
-use super::service::Limiter;
+use super::service::Service;
 use super::workers::{Worker, Workers};
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::proto::meridian::v1::limiter_server::LimiterServer;
@@ -205,7 +205,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
         &pod,
         !args.coordinator.is_empty(),
     ));
-    let limiter = Arc::new(Limiter {
+    let limiter = Arc::new(Service {
         engine,
         rules: rules.clone(),
         global: global.clone(),
@@ -327,7 +327,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
 const LANE_RETRY: Duration = Duration::from_secs(2);
 
 /// Retries a worker's lane on the worker's own runtime until it opens.
-async fn open_lane_later(limiter: Arc<Limiter>, index: usize) {
+async fn open_lane_later(limiter: Arc<Service>, index: usize) {
     loop {
         tokio::time::sleep(LANE_RETRY).await;
         match limiter.engine.open_lane(index).await {

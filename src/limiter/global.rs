@@ -348,10 +348,6 @@ impl Global {
         }
     }
 
-    pub fn epoch(&self) -> u64 {
-        self.table.read().unwrap_or_else(|p| p.into_inner()).epoch()
-    }
-
     /// The report to send now: demand since the last one (bounded per rule),
     /// pending top-ups, and the epoch held.
     #[cfg(test)]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::service::{Descriptor, Limiter, NativeCheck, Outcome};
+use super::service::{Descriptor, NativeCheck, Outcome, Service};
 use crate::algorithm::InvalidInput;
 use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::envoy::service::ratelimit::v3 as rls;
@@ -14,9 +14,9 @@ use crate::proto::meridian::v1 as native;
 use crate::rules::Unit;
 use rls::rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit as RlsUnit};
 
-/// Envoy's RLS v3 on top of the shared [`Limiter`].
+/// Envoy's RLS v3 on top of the shared [`Service`].
 pub struct RlsService {
-    pub limiter: Arc<Limiter>,
+    pub limiter: Arc<Service>,
     /// Add RateLimit-Limit/-Remaining/-Reset to `response_headers_to_add`.
     pub response_headers: bool,
 }
@@ -152,7 +152,7 @@ pub fn invalid_argument(e: InvalidInput) -> Status {
 
 /// Meridian's native batch API.
 pub struct NativeService {
-    pub limiter: Arc<Limiter>,
+    pub limiter: Arc<Service>,
 }
 
 #[tonic::async_trait]

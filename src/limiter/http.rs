@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::grpc::native_decision;
-use super::service::{Limiter, NativeCheck};
+use super::service::{NativeCheck, Service};
 use crate::proto::meridian::v1 as native;
 
 /// Request bodies larger than this are refused with 413.
@@ -22,7 +22,7 @@ pub const MAX_BODY: usize = 1 << 20;
 
 #[derive(Clone)]
 pub struct HttpState {
-    pub limiter: Arc<Limiter>,
+    pub limiter: Arc<Service>,
     pub metrics: PrometheusHandle,
 }
 

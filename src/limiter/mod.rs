@@ -14,7 +14,7 @@ pub mod grpc;
 #[cfg(feature = "server")]
 pub mod http;
 
-pub use engine::{Check, Engine, EngineConfig, Source, Verdict};
+pub use engine::{Engine, EngineConfig, Source, Verdict};
 #[cfg(feature = "server")]
 pub mod rule_feed;
 pub mod rule_source;
@@ -24,4 +24,3 @@ pub mod split;
 pub mod workers;
 
 pub use rule_source::RuleSource;
-pub use service::Limiter;

@@ -18,7 +18,7 @@ pub const MAX_DESCRIPTORS: usize = 1_000;
 pub const MAX_ENTRIES: usize = 64;
 pub const MAX_BATCH: usize = 1_000;
 
-pub struct Limiter {
+pub struct Service {
     pub engine: Engine,
     pub rules: Arc<RuleSource>,
     /// Allocations of global rules (and demand reports) when coordinated.
@@ -59,10 +59,10 @@ pub struct NativeCheck {
     pub check_only: bool,
 }
 
-impl Limiter {
+impl Service {
     /// A limiter that takes no allocations (rules from files, the library).
-    pub fn uncoordinated(engine: Engine, rules: Arc<RuleSource>) -> Limiter {
-        Limiter {
+    pub fn uncoordinated(engine: Engine, rules: Arc<RuleSource>) -> Service {
+        Service {
             engine,
             rules,
             #[cfg(feature = "server")]
@@ -200,7 +200,7 @@ impl Limiter {
     }
 }
 
-impl Limiter {
+impl Service {
     /// One check: a global rule runs against this region's allocation (and
     /// is counted for the demand report); every other rule as is. An Envoy
     /// per-descriptor `limit` override wins over the allocation.

@@ -16,7 +16,7 @@
 //! - `Rule`, `Resolved { rule, counter_key }` and the enums in `model.rs`.
 
 #[cfg(feature = "server")]
-pub mod cli;
+pub(crate) mod cli;
 mod duration;
 mod model;
 mod parse;

@@ -16,7 +16,7 @@
 //! - [`report`]: CSV, SVG and markdown;
 //! - [`cli`]: the subcommand.
 
-pub mod cli;
+pub(crate) mod cli;
 pub mod enforce;
 pub mod report;
 pub mod scenario;

@@ -29,7 +29,6 @@ use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 
-pub use self::auth::MAX_BODY_BYTES;
 use self::errors::ApiError;
 use super::allocator::Allocator;
 use super::node::{FORWARDED_HEADER, Node};

@@ -1,0 +1,11 @@
+//! The `meridian` binary's commands: the options and entry point of each,
+//! for `src/main.rs` to dispatch to. The services behind them stay inside
+//! the crate; this is their one public door.
+
+pub use crate::bench::{BenchArgs, run as bench};
+pub use crate::coordinator::{CoordinatorArgs, run as coordinator};
+pub use crate::demo::{DemoArgs, run as demo};
+pub use crate::limiter::cli::{LimiterArgs, run as limiter};
+pub use crate::rules::cli::{RulesArgs, run as rules};
+pub use crate::sim::cli::{SimulateArgs, run as simulate};
+pub use crate::telemetry::{LogFormat, init_logs};
