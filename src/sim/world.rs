@@ -129,6 +129,15 @@ struct Coordinator {
     regions: Vec<RegionDef>,
 }
 
+/// A region cut off from the coordinator under `partition: available`.
+struct Cut {
+    /// When the cut began (relative ms).
+    from_ms: i64,
+    /// Its pods' allocation tables at that instant: what the region may keep
+    /// enforcing for one lease.
+    tables: Vec<Table>,
+}
+
 /// What one strategy admitted in the current window (closed by the runner).
 #[derive(Default)]
 pub struct WindowAcc {
@@ -161,9 +170,9 @@ pub struct Engine {
     bucket: HashMap<u32, (u64, f64)>,
     /// Token bucket: admitted world-wide per key in the current step.
     step_hits: HashMap<u32, u64>,
-    /// `partition: available`: tables of a cut-off region when the cut began,
-    /// with the span (the allowance the stated bounds give).
-    cut_tables: Vec<(usize, i64, i64, Vec<Table>)>,
+    /// `partition: available`: what each cut-off region held when its cut
+    /// began (the allowance the stated bounds give).
+    cuts: Vec<Cut>,
     failed_before: Vec<bool>,
     partitioned_before: Vec<bool>,
 }
@@ -256,7 +265,7 @@ impl Engine {
             },
             bucket: HashMap::new(),
             step_hits: HashMap::new(),
-            cut_tables: Vec::new(),
+            cuts: Vec::new(),
             failed_before: vec![false; n],
             partitioned_before: vec![false; n],
             scenario,
@@ -409,7 +418,10 @@ impl Engine {
                     .iter()
                     .map(|p| p.table.clone())
                     .collect();
-                self.cut_tables.push((r, span.from_ms, span.to_ms, tables));
+                self.cuts.push(Cut {
+                    from_ms: span.from_ms,
+                    tables,
+                });
             }
             self.partitioned_before[r] = cut.is_some();
         }
@@ -905,18 +917,18 @@ impl Engine {
         }
     }
 
-    /// What the stated bounds (docs/architecture.md) let the world admit above `L` for `key` in the window
-    /// `[from, to)`: with `partition: available`, the allocation a cut-off
+    /// What the stated bounds (docs/architecture.md) let the world admit
+    /// above `L` for `key` in the window `[from, to)`: with `partition: available`, the allocation a cut-off
     /// region held when it went silent, for at most one lease after.
     pub fn allowance(&self, key: u32, from: i64, to: i64) -> u64 {
         let c = &self.scenario.coordinator.config;
-        self.cut_tables
+        self.cuts
             .iter()
-            .filter(|(_, start, _, _)| from < start + c.lease_ms + c.skew_margin_ms && to > *start)
-            .map(|(_, start, _, tables)| {
-                tables
+            .filter(|cut| from < cut.from_ms + c.lease_ms + c.skew_margin_ms && to > cut.from_ms)
+            .map(|cut| {
+                cut.tables
                     .iter()
-                    .filter_map(|t| t.limit(RULE, &self.keys[key as usize], abs(*start)))
+                    .filter_map(|t| t.limit(RULE, &self.keys[key as usize], abs(cut.from_ms)))
                     .max()
                     .unwrap_or(0)
             })
