@@ -29,6 +29,7 @@ use crate::store::{AnyStore, Limit, MemoryStore, Store, StoreError};
 /// How a verdict was reached; reported to clients and counted in metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
+    /// Decided by the store (Redis, or the embedded store): the normal path.
     Store,
     /// Denied from the local over-limit cache, without a store call.
     Cache,
@@ -50,6 +51,8 @@ pub enum Source {
 pub struct Verdict {
     /// What the caller is told (a shadow rule's denial is already turned into an allow).
     pub decision: Decision,
+    /// Which path decided, so a client or a metric can tell a store's answer from
+    /// a cached or fail-mode one.
     pub source: Source,
     /// The rule is in shadow mode and would have denied.
     pub shadow_denied: bool,
