@@ -96,11 +96,13 @@ fn redis_installed() -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// Where one demo coordinator listens.
 struct Coordinator {
     http: String,
     grpc: String,
 }
 
+/// Where one demo region's limiter (and its Redis, if any) listens.
 struct Region {
     name: String,
     grpc: String,
@@ -366,10 +368,12 @@ struct Stats {
     errors: AtomicU64,
 }
 
+/// What the demo counted in one printed window, to show the limit holding.
 #[derive(Default, Clone)]
 struct Window {
     /// Per region.
     asked: [u64; 2],
+    /// Per region.
     admitted: [u64; 2],
     /// Per customer, both regions: what the world admitted (≤ the limit).
     per_customer: BTreeMap<String, u64>,

@@ -301,10 +301,14 @@ struct Probes {
     server_pid: Option<String>,
 }
 
+/// CPU counters read before and after the measured part of a run.
 #[derive(Default)]
 struct ProbeSample {
+    /// Redis's command calls and CPU, when `--redis` is given.
     redis: Option<RedisSample>,
+    /// The server's CPU time, when `--server-pid` is given.
     server: Option<Duration>,
+    /// This process's CPU time.
     client: Option<Duration>,
 }
 

@@ -50,10 +50,13 @@ pub enum Write {
     },
 }
 
+/// A committed write's answer from the state machine, returned to the node
+/// that proposed it (possibly relayed from the leader).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WriteReply {
     /// The log index the write was committed at.
     pub log_index: u64,
+    /// What applying the command did.
     pub outcome: Outcome,
 }
 
