@@ -80,7 +80,9 @@ pub struct Global {
 /// (one reporter task), so a slot is never shared by two live eras.
 #[derive(Default)]
 struct Flight {
+    /// Bumped by each drain; its parity picks the slot a check enters.
     era: AtomicU64,
+    /// Checks inside, per era parity.
     inside: [AtomicU64; 2],
 }
 
