@@ -23,6 +23,8 @@ mod flush;
 mod lanes;
 
 pub(crate) use flush::{Delta, Global, slot};
+// Only the server's worker threads bind a lane.
+#[cfg(feature = "server")]
 pub(crate) use lanes::bind_thread;
 
 use super::{Limit, Store, StoreError, key};
