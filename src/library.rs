@@ -162,7 +162,7 @@ impl Builder {
     }
 
     /// The store counters live in (required): a [`MemoryStore`] for one process,
-    /// a [`RedisStore`](crate::store::RedisStore) shared by the region's pods.
+    /// a `RedisStore` shared by the region's pods.
     pub fn store(mut self, store: impl Into<AnyStore>) -> Builder {
         self.store = Some(store.into());
         self

@@ -41,7 +41,7 @@ pub type Millis = i64;
 pub const TOP_UP_AT: f64 = 0.9;
 
 /// A top-up raises a key's demand only when the region's pace is at least
-/// this multiple of the smoothed demand (see [`demand::DemandTracker::bump`]).
+/// this multiple of the smoothed demand (see `DemandTracker::bump`).
 pub const TOP_UP_JUMP: f64 = 1.25;
 
 /// Scheduled rounds end this long before a multiple of the rebalance
