@@ -29,6 +29,8 @@ const REGIONS: [&str; 2] = ["mumbai", "hyderabad"];
 const RULE_ID: &str = "demo|customer";
 const LIMIT_PER_MINUTE: u64 = 1_000;
 
+/// `meridian demo` options: the traffic the local cluster is put under, how
+/// often it rebalances, how long it runs and on which store.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DemoArgs {
     /// Customers sharing the traffic; each has its own 1,000/min global limit.
@@ -94,11 +96,13 @@ fn redis_installed() -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// Where one demo coordinator listens.
 struct Coordinator {
     http: String,
     grpc: String,
 }
 
+/// Where one demo region's limiter (and its Redis, if any) listens.
 struct Region {
     name: String,
     grpc: String,
@@ -106,6 +110,9 @@ struct Region {
     redis: Option<String>,
 }
 
+/// Starts three coordinators and two regions on this machine, drives traffic
+/// through them and prints what each region admitted, until `--for` elapses
+/// or Ctrl-C; the child processes are stopped on return.
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     if args.customers == 0 {
         bail!("--customers must be at least 1");
@@ -361,10 +368,12 @@ struct Stats {
     errors: AtomicU64,
 }
 
+/// What the demo counted in one printed window, to show the limit holding.
 #[derive(Default, Clone)]
 struct Window {
     /// Per region.
     asked: [u64; 2],
+    /// Per region.
     admitted: [u64; 2],
     /// Per customer, both regions: what the world admitted (≤ the limit).
     per_customer: BTreeMap<String, u64>,

@@ -14,6 +14,7 @@
 // the breaker's state, rule-file paths) has no caller in the crate: it is not
 // dead in the build that ships the binary, where it is checked.
 #![cfg_attr(not(feature = "server"), allow(dead_code))]
+#![warn(missing_docs)]
 
 pub mod algorithm;
 #[cfg(feature = "server")]

@@ -70,13 +70,17 @@ pub struct Builder {
 /// Why a [`Limiter`] could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
+    /// A rule file did not parse or validate; every problem is listed, each as
+    /// `file:line: field: reason`.
     #[error("invalid rules:\n{0}")]
     Rules(#[from] RuleErrors),
+    /// [`Builder::build`] was called before [`Builder::store`].
     #[error("no store: call Builder::store")]
     NoStore,
 }
 
 impl Limiter {
+    /// A builder with no rules, no store and the default engine settings.
     pub fn builder() -> Builder {
         Builder::default()
     }
@@ -157,6 +161,8 @@ impl Builder {
         self
     }
 
+    /// The store counters live in (required): a [`MemoryStore`] for one process,
+    /// a `RedisStore` shared by the region's pods.
     pub fn store(mut self, store: impl Into<AnyStore>) -> Builder {
         self.store = Some(store.into());
         self
@@ -168,11 +174,14 @@ impl Builder {
         self
     }
 
+    /// Replaces every engine setting at once (pods, cache, breaker, in-flight
+    /// cap), `pods_in_region` included: call it before [`Builder::pods_in_region`].
     pub fn engine_config(mut self, config: EngineConfig) -> Builder {
         self.config = config;
         self
     }
 
+    /// Parses and validates the rules and starts the limiter over the store.
     pub fn build(self) -> Result<Limiter, BuildError> {
         let store = self.store.ok_or(BuildError::NoStore)?;
         let rules = RuleSet::parse(&self.files)?;

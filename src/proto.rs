@@ -1,7 +1,10 @@
 //! Generated protobuf and gRPC code (see build.rs and proto/).
 
-#![allow(clippy::all, missing_docs)]
+#![allow(clippy::all)]
 
+// Generated from Envoy's protos: their docs are the .proto comments, and many
+// fields have none.
+#[allow(missing_docs)]
 pub mod envoy {
     pub mod r#type {
         pub mod v3 {
@@ -35,6 +38,8 @@ pub mod envoy {
 
 /// Meridian's own APIs: the limiter (`Limiter`) and, with the coordinator, its services.
 pub mod meridian {
+    // Generated: the .proto comments become the docs, where they exist.
+    #[allow(missing_docs)]
     pub mod v1 {
         tonic::include_proto!("meridian.v1");
     }

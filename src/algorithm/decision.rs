@@ -6,6 +6,7 @@ use super::Micros;
 /// algorithm and Lua script computes in; the accessors return `Duration`s.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
+    /// Whether the hits were admitted; only admitted hits are counted.
     pub allowed: bool,
     /// The limit in force (the allocation, for global rules).
     pub limit: u64,
@@ -20,29 +21,37 @@ pub struct Decision {
     /// leaves at a constant rate (queueing instead of bursting); for a denied
     /// request, equal to `retry_after`.
     pub delay_us: Micros,
+    /// Why a denied check was denied; `None` exactly when `allowed`.
     pub reason: Option<DenyReason>,
 }
 
 /// Why a check was denied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DenyReason {
+    /// The hits already counted leave no room for `cost` more; retrying after
+    /// `retry_after` can succeed.
     OverLimit,
     /// The cost alone exceeds what the limit can ever admit at once.
     CostExceedsCapacity {
+        /// The hits the check asked for.
         cost: u64,
+        /// The most one check can ask for: the burst for the buckets, the limit otherwise.
         capacity: u64,
     },
 }
 
 impl Decision {
+    /// `reset_after_us` as a `Duration` (the `X-RateLimit-Reset` header's source).
     pub fn reset_after(&self) -> Duration {
         Duration::from_micros(self.reset_after_us)
     }
 
+    /// `retry_after_us` as a `Duration`: zero when allowed, and when retrying can never succeed.
     pub fn retry_after(&self) -> Duration {
         Duration::from_micros(self.retry_after_us)
     }
 
+    /// `delay_us` as a `Duration`: how long a leaky-bucket caller queues before going on.
     pub fn delay(&self) -> Duration {
         Duration::from_micros(self.delay_us)
     }

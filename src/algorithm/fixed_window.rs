@@ -5,12 +5,17 @@
 
 use super::{Decision, Micros, Outcome, Params};
 
+/// The counter of the window now being counted; a later window finds it stale
+/// and starts again from zero.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct State {
+    /// Index of the window counted: `floor(now / period)`.
     pub window: u64,
+    /// Hits admitted in `window`.
     pub count: u64,
 }
 
+/// Decides one check of `cost` hits at `now`, counting it into `state` if admitted.
 pub fn decide(state: &mut State, now: Micros, cost: u64, params: &Params) -> Outcome {
     let (limit, period) = (params.limit(), params.period_us());
     let window = now / period;

@@ -16,16 +16,21 @@ use super::{BucketScale, Decision, Micros, Outcome, Params, div_ceil, drain, unt
 /// `None` when the bucket is empty (TAT in the past).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct State {
+    /// The bucket's TAT, if it is still ahead of `now`.
     pub tat: Option<Tat>,
 }
 
+/// A theoretical arrival time, split so that each part stays below 2^53.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tat {
     /// Scaled units still to drain after `tick`: TAT = tick + backlog / refill.
     pub backlog: u64,
+    /// The tick (of `Params::tick_us`) the backlog is counted from.
     pub tick: u64,
 }
 
+/// Decides one check of `cost` hits at `now`, moving the TAT if admitted; an
+/// admitted check's `delay` is the time for the backlog ahead of it to drain.
 pub fn decide(state: &mut State, now: Micros, cost: u64, params: &Params) -> Outcome {
     let BucketScale {
         unit,

@@ -32,12 +32,16 @@ pub type Micros = u64;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid {field} {value:?}: {reason}")]
 pub struct InvalidInput {
+    /// The input's name, as the caller spelled it (`cost`, `limit`, `key`, …).
     pub field: &'static str,
+    /// The refused value, rendered for the message.
     pub value: String,
+    /// What a valid value looks like.
     pub reason: String,
 }
 
 impl InvalidInput {
+    /// The error for `field` = `value`, refused because of `reason`.
     pub fn new(field: &'static str, value: impl fmt::Display, reason: impl Into<String>) -> Self {
         InvalidInput {
             field,
@@ -94,6 +98,9 @@ pub(crate) fn until_tick(now: Micros, tick: u64, tick_us: Micros) -> Micros {
 /// keep the state (after that it is equivalent to absent state).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
+    /// The answer to the check.
     pub decision: Decision,
+    /// From `now`, how long the store must keep the state; after that, dropping
+    /// it decides nothing differently (a store's TTL).
     pub keep_for_us: Micros,
 }

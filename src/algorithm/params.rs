@@ -26,22 +26,30 @@ pub const MAX_LIMIT: u64 = 1_000_000_000_000_000;
 /// capped to keep a key's memory bounded (sliding_window_counter has no cap).
 pub const MAX_LOG_LIMIT: u64 = 100_000;
 
+/// Shortest period [`Params::new`] accepts.
 pub const MIN_PERIOD: Duration = Duration::from_millis(1);
+/// Longest period [`Params::new`] accepts: 366 days, so that a rule file's
+/// `year` (365 days) fits.
 pub const MAX_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// The five algorithms a rule can choose from (docs/architecture.md). The
 /// discriminants index per-algorithm tables (`Algorithm::ALL` order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {
+    /// A counter per clock-aligned window (`fixed_window`).
     FixedWindow = 0,
+    /// One timestamp per admitted hit over the last period (`sliding_log`); exact.
     SlidingWindowLog,
+    /// The current window plus the previous one, weighted (`sliding_counter`).
     SlidingWindowCounter,
+    /// `burst` tokens refilled at limit per period (`token_bucket`).
     TokenBucket,
     /// GCRA: a leaky bucket used as a meter, or as a queue via `Decision::delay`.
     LeakyBucket,
 }
 
 impl Algorithm {
+    /// Every algorithm, in discriminant order.
     pub const ALL: [Algorithm; 5] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindowLog,
@@ -109,8 +117,11 @@ impl FromStr for Algorithm {
 /// limit / period, reduced by their gcd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BucketScale {
+    /// Scaled units per token (one hit).
     pub unit: u64,
+    /// Scaled units refilled (or drained) per tick.
     pub refill: u64,
+    /// The bucket's size in scaled units: burst × `unit`.
     pub capacity: u64,
 }
 
@@ -204,6 +215,7 @@ impl Params {
         })
     }
 
+    /// The algorithm these parameters are for.
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm
     }
@@ -213,10 +225,12 @@ impl Params {
         self.limit
     }
 
+    /// The period the limit is counted over.
     pub fn period(&self) -> Duration {
         Duration::from_micros(self.period_us)
     }
 
+    /// The period in microseconds, the unit the algorithms compute in.
     pub fn period_us(&self) -> Micros {
         self.period_us
     }
@@ -240,6 +254,7 @@ impl Params {
         self.tick_us
     }
 
+    /// The integer scaling of the bucket algorithms (see [`BucketScale`]).
     pub fn scale(&self) -> BucketScale {
         self.scale
     }

@@ -8,13 +8,19 @@
 
 use super::{Decision, Micros, Outcome, Params, until_tick};
 
+/// The counts of the window now being counted and the one before it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct State {
+    /// Index of the current window: `floor(now / period)`.
     pub window: u64,
+    /// Hits admitted in `window`.
     pub current: u64,
+    /// Hits admitted in `window - 1`; zero if that window saw none or is older.
     pub previous: u64,
 }
 
+/// Decides one check of `cost` hits at `now`, counting it into the current
+/// window if admitted.
 pub fn decide(state: &mut State, now: Micros, cost: u64, params: &Params) -> Outcome {
     let (limit, period, tick) = (params.limit(), params.period_us(), params.tick_us());
     let window = now / period;

@@ -9,9 +9,11 @@ use super::{Decision, Micros, Outcome, Params};
 /// Timestamps of admitted hits, oldest first (a cost of n adds n entries).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct State {
+    /// One entry per admitted hit, sorted; entries a period old are dropped first.
     pub entries: VecDeque<Micros>,
 }
 
+/// Decides one check of `cost` hits at `now`, logging `cost` entries if admitted.
 pub fn decide(state: &mut State, now: Micros, cost: u64, params: &Params) -> Outcome {
     let (limit, period) = (params.limit(), params.period_us());
     // An entry at t counts while t > now - period (Redis: ZREMRANGEBYSCORE -inf now-period).

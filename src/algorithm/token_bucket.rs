@@ -10,9 +10,11 @@ use super::{BucketScale, Decision, Micros, Outcome, Params, div_ceil, drain, unt
 /// `None` until the first admitted hit: an unused bucket is full.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct State {
+    /// The bucket's level at its last refill, once a hit has taken from it.
     pub level: Option<Level>,
 }
 
+/// A bucket's tokens at a tick; later ticks refill it lazily, on the next check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Level {
     /// Tokens in scaled units at `tick`.
@@ -21,6 +23,8 @@ pub struct Level {
     pub tick: u64,
 }
 
+/// Decides one check of `cost` hits at `now`, refilling first and taking
+/// `cost` tokens if admitted.
 pub fn decide(state: &mut State, now: Micros, cost: u64, params: &Params) -> Outcome {
     let BucketScale {
         unit,

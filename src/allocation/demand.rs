@@ -13,9 +13,11 @@ use super::{Allocations, Epoch, Millis, RegionWindow, TOP_UP_JUMP, WindowUse};
 /// One report line: demand for a key (or the rest of a rule) over an interval.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KeyDemand {
+    /// The key as the rule counts it (`Resolved::counter_key`).
     pub key: String,
     /// Hits asked for: allowed + denied.
     pub asked: u64,
+    /// Hits admitted of `asked`.
     pub allowed: u64,
 }
 
@@ -68,10 +70,13 @@ struct Sample {
 /// hits per rule period over `interval_ms`, in a region of `pods` pods that
 /// share its traffic.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Pace {
+pub(crate) struct Pace {
+    /// The pace, hits per rule period, as seen by this one pod.
     pub pod_per_period: f64,
     /// 0: unknown, no noise test.
     pub interval_ms: u64,
+    /// Pods in the region sharing its traffic: the region's pace is the pod's
+    /// times this.
     pub pods: usize,
 }
 
@@ -129,6 +134,8 @@ fn key_slots<'a>(
 }
 
 impl DemandTracker {
+    /// An empty tracker whose EWMA weights the newest sample by `alpha`
+    /// (clamped to 0.01–1.0).
     pub fn new(alpha: f64) -> Self {
         DemandTracker {
             alpha: alpha.clamp(0.01, 1.0),
@@ -218,7 +225,7 @@ impl DemandTracker {
     /// demand up to the noisiest sample and hand capacity to regions that do
     /// not use it (the simulator measured ~2 % of L lost that way, and ~0.5 %
     /// more from short samples before the noise test).
-    pub fn bump(
+    pub(crate) fn bump(
         &mut self,
         region: &str,
         rule: &str,
@@ -406,7 +413,7 @@ fn widen(slots: &[f32], regions: usize) -> Box<[f32]> {
 
 /// Which epoch each pod holds, from its reports and acknowledgements.
 #[derive(Debug)]
-pub struct AckTracker {
+pub(crate) struct AckTracker {
     pods: HashMap<String, PodAck>,
     /// Silence after which a pod heard again counts as back from a
     /// partition or a restart (`suspect_after`).
@@ -431,6 +438,8 @@ struct PodAck {
 }
 
 impl AckTracker {
+    /// An empty tracker; a pod silent for longer than `quiet_ms` counts as
+    /// settled again only from its next report (`RegionWindow::settled_since`).
     pub fn new(quiet_ms: i64) -> AckTracker {
         AckTracker {
             pods: HashMap::new(),
@@ -438,6 +447,7 @@ impl AckTracker {
         }
     }
 
+    /// Records that `pod` of `region` holds `epoch`, heard at `now_ms`.
     pub fn record(&mut self, pod: &str, region: &str, epoch: Epoch, now_ms: Millis) {
         let entry = self.pods.entry(pod.to_string()).or_insert(PodAck {
             region: region.to_string(),
@@ -556,9 +566,12 @@ impl AckTracker {
 /// One pod as the leader last heard it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodEpoch {
+    /// The pod's region.
     pub region: String,
+    /// The pod's name, unique within its region.
     pub pod: String,
     /// The allocation epoch it holds (its acknowledgement).
     pub epoch: Epoch,
+    /// When the pod last reported or acknowledged.
     pub last_heard_ms: Millis,
 }

@@ -5,7 +5,7 @@
 //! simulated bound is a statement about the real coordinator. It owns
 //! everything the leader decides from:
 //! - the smoothed demand ([`DemandTracker`]) and which epoch every pod holds
-//!   ([`AckTracker`]), both fed by [`Leader::ingest`];
+//!   (`AckTracker`), both fed by [`Leader::ingest`];
 //! - the global rules of the enforced rule-set version ([`GlobalRule`]);
 //! - when the next round is due and of which kind ([`Leader::due`]).
 //!
@@ -122,9 +122,11 @@ impl GlobalRule {
 /// A registered region, as the operator set it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RegionDef {
+    /// The region's registered name, as its pods report it.
     pub name: String,
     /// Relative static share (> 0).
     pub weight: f64,
+    /// The operator's status for the region.
     pub status: RegionStatus,
 }
 
@@ -133,21 +135,28 @@ pub struct RegionDef {
 /// An acknowledgement alone is a report with no demand.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct PodReport {
+    /// The reporting pod's region.
     pub region: String,
+    /// The reporting pod, unique within its region.
     pub pod: String,
     /// The allocation epoch the pod holds.
     pub epoch: Epoch,
     /// The span the demand covers; 0 for an acknowledgement or a top-up alone.
     pub interval_ms: u64,
+    /// Demand per global rule, over `interval_ms`.
     pub rules: Vec<RuleDemand>,
+    /// The pod's use of each counted rule's current window.
     pub used: Vec<RuleUse>,
+    /// Keys the pod asks an early top-up for.
     pub top_ups: Vec<TopUp>,
 }
 
 /// Demand for one global rule in a report: the top keys and the rest.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct RuleDemand {
+    /// The rule's id.
     pub rule: String,
+    /// The pod's top keys by hits asked; the rest is in `remainder_asked`.
     pub keys: Vec<KeyDemand>,
     /// Hits asked for every key not listed, summed.
     pub remainder_asked: u64,
@@ -156,15 +165,20 @@ pub struct RuleDemand {
 /// What a pod saw of a counted rule's current window.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct RuleUse {
+    /// The rule's id.
     pub rule: String,
+    /// The start of the window `used` was counted in.
     pub window_start_ms: Millis,
+    /// The most a key reached and the largest value enforced, in that window.
     pub used: WindowUse,
 }
 
 /// A pod used most of a key's allocation mid-window and asks for more.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct TopUp {
+    /// The rule's id.
     pub rule: String,
+    /// The key asking (`Resolved::counter_key`).
     pub key: String,
     /// The pod's pace for the key since its last report, hits per period.
     pub per_period: f64,
@@ -208,8 +222,11 @@ pub struct Heard {
 /// What kind of round is due (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RoundKind {
+    /// A scheduled round: the EWMA rolls, targets are recomputed, leases renewed.
     Full,
+    /// An out-of-cycle round from the current demand, without a roll.
     TopUp,
+    /// Acknowledgements arrived: targets stay, released capacity is granted.
     Transition,
 }
 

@@ -41,7 +41,7 @@ pub type Millis = i64;
 pub const TOP_UP_AT: f64 = 0.9;
 
 /// A top-up raises a key's demand only when the region's pace is at least
-/// this multiple of the smoothed demand (see [`demand::DemandTracker::bump`]).
+/// this multiple of the smoothed demand (see `DemandTracker::bump`).
 pub const TOP_UP_JUMP: f64 = 1.25;
 
 /// Scheduled rounds end this long before a multiple of the rebalance
@@ -73,6 +73,7 @@ pub const HISTORY_CHANGES: usize = 200;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RegionStatus {
+    /// Takes part in the division: floor, demand share and headroom.
     Active,
     /// Its share moves away: it keeps only its floor.
     Draining,
@@ -125,9 +126,11 @@ impl Default for Config {
 /// What the rebalancer needs of a region this round.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RegionInput {
+    /// The region's registered name, as its pods report it.
     pub name: String,
     /// Relative static share (> 0).
     pub weight: f64,
+    /// The operator's status for the region, which caps what it can be granted.
     pub status: RegionStatus,
     /// When any of its pods last reported or acknowledged.
     pub last_heard_ms: Option<Millis>,
@@ -138,9 +141,11 @@ pub struct RegionInput {
 /// What the rebalancer needs of a global rule.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RulePolicy {
+    /// The rule's id (`Rule::id`).
     pub rule: String,
     /// The world-wide limit per period.
     pub limit: u64,
+    /// Whether a silent region's share above its fallback may be re-granted.
     pub partition: Partition,
     /// Share of the static allocation a region keeps when its lease lapses.
     pub fallback: f64,
@@ -183,6 +188,7 @@ pub struct Slot {
     /// and takes this one, so it never takes the grow early.
     #[serde(default)]
     pub before: u64,
+    /// The end of the window `before` is enforced in; 0 when there is none.
     #[serde(default)]
     pub before_until_ms: Millis,
 }
@@ -212,6 +218,7 @@ pub struct RegionWindow {
     pub used: WindowUse,
     /// Pods heard recently, and how many of them reported this window.
     pub live: usize,
+    /// How many of the `live` pods reported this window.
     pub reported: usize,
     /// Since when every live pod has been heard without a long silence.
     pub settled_since: Millis,
@@ -231,9 +238,11 @@ impl RegionWindow {
 pub struct InWindow {
     /// The window the uses were counted in.
     pub start_ms: Millis,
+    /// The window's end.
     pub until_ms: Millis,
     /// The part of the window gone when they were read (0.0–1.0).
     pub elapsed: f64,
+    /// One per region, indexed like `Round::regions`.
     pub regions: Vec<RegionWindow>,
 }
 
@@ -271,13 +280,17 @@ pub type Shares = BTreeMap<String, Slot>;
 /// A key whose regional mix differs enough from its rule's split to get its own.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct KeyAllocation {
+    /// The key's own slot per region, used instead of the rule's split.
     pub shares: Shares,
     /// Smoothed demand per region, hits per period.
     pub demand: BTreeMap<String, f64>,
 }
 
+/// One global rule's division between regions: the split every key uses, the
+/// keys with their own, and the demand both were computed from.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct RuleAllocation {
+    /// The world-wide limit per period.
     pub limit: u64,
     /// What each region falls to when its lease lapses (and what the centre
     /// keeps reserved for it then).
@@ -290,6 +303,7 @@ pub struct RuleAllocation {
     pub high_water: u64,
     /// Smoothed demand per region (all keys), hits per period.
     pub demand: BTreeMap<String, f64>,
+    /// Keys with their own allocation, at most `Config::max_key_entries`.
     pub keys: BTreeMap<String, KeyAllocation>,
 }
 
@@ -300,6 +314,7 @@ pub struct RegionLease {
     pub valid_until_ms: Millis,
     /// The newest epoch the whole region acknowledged.
     pub acked: Epoch,
+    /// When any pod of the region was last heard (a report or an acknowledgement).
     pub last_heard_ms: Millis,
 }
 

@@ -34,8 +34,11 @@ use crate::rules::Partition;
 /// The inputs of one round. `regions` and `rules` list everything that
 /// exists; rules missing from `rules` are dropped from the state.
 pub struct Round<'a> {
+    /// The round's instant (leases are renewed from it).
     pub now_ms: Millis,
+    /// Every registered region.
     pub regions: &'a [RegionInput],
+    /// Every global rule; a rule missing here is dropped.
     pub rules: &'a [RulePolicy],
     /// `Some`: a full round that recomputes targets from this demand.
     /// `None`: a transition round (acknowledgements arrived): targets stay,

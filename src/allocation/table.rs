@@ -19,21 +19,26 @@ use super::{Allocations, Epoch, EpochDelta, Millis};
 /// What one region is sent for one epoch (a whole snapshot or the changes).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct RegionUpdate {
+    /// The epoch the update brings; the table refuses one not newer than its own.
     pub epoch: Epoch,
     /// The region's lease.
     pub valid_until_ms: Millis,
     /// A snapshot: rules and keys not listed are gone.
     pub full: bool,
+    /// Rules whose values changed (every rule, in a snapshot).
     pub rules: Vec<RuleUpdate>,
     /// Rules that are no longer global (or gone).
     pub removed_rules: Vec<String>,
 }
 
+/// One rule's values for the region in an update.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct RuleUpdate {
+    /// The rule's id.
     pub rule: String,
     /// The world-wide limit.
     pub limit: u64,
+    /// What the region enforces once its lease lapses.
     pub fallback: u64,
     /// The region's value for keys without an entry; `None`: unchanged.
     pub split: Option<u64>,
@@ -298,14 +303,21 @@ pub struct Table {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refused {
     /// Its epoch is not newer than the one held (fencing).
-    Stale { held: Epoch, got: Epoch },
+    Stale {
+        /// The epoch the table holds.
+        held: Epoch,
+        /// The update's epoch.
+        got: Epoch,
+    },
 }
 
 impl Table {
+    /// The epoch of the last applied update (0 before any).
     pub fn epoch(&self) -> Epoch {
         self.epoch
     }
 
+    /// When the region's lease ends; past it, the fallbacks are enforced.
     pub fn valid_until_ms(&self) -> Millis {
         self.valid_until_ms
     }

@@ -54,6 +54,8 @@ pub const DEFAULT_CONCURRENCY: usize = 16;
       --descriptor 'customer={key}' --rate 5000 --dist zipf:1.1\n  \
       meridian bench ... --redis redis://REDIS_HOST:PORT --server-pid $(pidof meridian) --json"
 )]
+/// `meridian bench` options: the API and limiter to drive, the keys and
+/// traffic shape, how long, and where the report goes.
 pub struct BenchArgs {
     /// API to drive: rls = envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit (any Envoy
     /// RLS v3 server), grpc = meridian.v1.Limiter/Check, http = POST /v1/check
@@ -299,10 +301,14 @@ struct Probes {
     server_pid: Option<String>,
 }
 
+/// CPU counters read before and after the measured part of a run.
 #[derive(Default)]
 struct ProbeSample {
+    /// Redis's command calls and CPU, when `--redis` is given.
     redis: Option<RedisSample>,
+    /// The server's CPU time, when `--server-pid` is given.
     server: Option<Duration>,
+    /// This process's CPU time.
     client: Option<Duration>,
 }
 

@@ -30,6 +30,8 @@ pub struct Sample {
     pub result: Result<Tally, String>,
 }
 
+/// Running totals of requests and their answers; atomics, added to by every
+/// sending task without a lock.
 #[derive(Default)]
 struct Counts {
     requests: AtomicU64,
@@ -73,12 +75,19 @@ impl Counts {
     }
 }
 
+/// Latency histograms of the streams whose `shard` maps here; one lock each so
+/// that streams rarely contend.
 struct Shard {
+    /// Measured, successful requests' latency (`Sample::latency`), µs.
     latency: Histogram<u64>,
+    /// Open loop: how late each request was sent after its due time, µs.
     lag: Histogram<u64>,
 }
 
+/// A bench run's measurements, shared by every sending task: counts, latency
+/// and lag histograms, decision reasons and the first error.
 pub struct Recorder {
+    /// The run's start; `last_done_ns` counts from it.
     start: Instant,
     /// Every request, warm-up included: feeds the progress line.
     all: Counts,
@@ -86,7 +95,9 @@ pub struct Recorder {
     all_latency_us: AtomicU64,
     /// Requests sent after warm-up: the summary.
     measured: Counts,
+    /// Sharded by stream so sending tasks rarely wait on one another.
     shards: Vec<Mutex<Shard>>,
+    /// Kept for the summary: one error explains most failed runs.
     first_error: Mutex<Option<String>>,
     /// Measured checks per decision reason; locked only for requests that have any.
     reasons: Mutex<BTreeMap<String, u64>>,

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 const NANOS_PER_SEC: u128 = 1_000_000_000;
 
+/// When each request of an open-loop run is due (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Schedule {
     /// Checks per second.

@@ -20,7 +20,9 @@ use crate::proto::meridian::v1::coordinator_server;
 /// Serves the watch streams from the node's applied state; hands reports to
 /// the allocator (which relays them to the leader).
 pub struct CoordinatorService {
+    /// Read by the rule and allocation watch streams; written only by the state machine.
     applied: watch::Receiver<Arc<Applied>>,
+    /// Takes the pods' reports (relayed to the leader's allocation loop).
     allocator: Arc<Allocator>,
 }
 

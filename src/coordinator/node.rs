@@ -50,10 +50,13 @@ pub enum Write {
     },
 }
 
+/// A committed write's answer from the state machine, returned to the node
+/// that proposed it (possibly relayed from the leader).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WriteReply {
     /// The log index the write was committed at.
     pub log_index: u64,
+    /// What applying the command did.
     pub outcome: Outcome,
 }
 
@@ -114,10 +117,13 @@ fn classify(e: ClientWriteRaftError) -> Local {
 /// The coordinator node shared by the admin API and the gRPC services.
 pub struct Node {
     pub id: NodeId,
+    /// This node's own addresses, as the membership lists them.
     pub member: Member,
+    /// The openraft handle: writes, membership changes and leader lookups.
     pub raft: Raft,
     /// The state machine's applied state; every read is served from it.
     pub applied: watch::Receiver<Arc<Applied>>,
+    /// When each peer last answered, written by the Raft network, read by the cluster API.
     pub contacts: PeerContacts,
     /// Last committed log index, as the log store last saved it.
     pub committed: Arc<AtomicU64>,

@@ -62,7 +62,9 @@ pub struct Batching {
 
 /// Owns the flusher task: dropping the batcher stops it.
 pub struct Batcher {
+    /// The counters the checks and the flusher share.
     shared: Arc<Shared>,
+    /// The flusher; aborted when the batcher is dropped.
     flusher: tokio::task::JoinHandle<()>,
 }
 

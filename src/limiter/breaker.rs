@@ -10,10 +10,14 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// The store's circuit breaker (see the module doc), one per engine, updated
+/// by every store call's outcome.
 pub struct Breaker {
     /// `std::sync::Mutex`: a few instructions under the lock, never an `.await`.
     state: Mutex<State>,
+    /// Consecutive failures that open it (`EngineConfig::breaker_threshold`).
     threshold: u32,
+    /// How long it stays open before a probe (`EngineConfig::breaker_cool_down`).
     cool_down: Duration,
 }
 

@@ -14,6 +14,9 @@ use foldhash::fast::RandomState;
 
 const SHARDS: usize = 16;
 
+/// Keys denied until an instant (the store's retry-after), so that a client
+/// retrying a denied key is answered in process. Written by the engine on a
+/// single-hit denial, read on every check; sharded to spread the lock.
 pub struct OverLimitCache {
     /// `std::sync::Mutex`: held for one map operation, never across `.await`.
     shards: Box<[Mutex<HashMap<String, Instant>>]>,

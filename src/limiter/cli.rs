@@ -143,6 +143,8 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     crate::rules::parse_duration(s)
 }
 
+/// Serves checks until SIGTERM / Ctrl-C, then drains the workers and stops
+/// the control tasks before returning.
 pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     let metrics = crate::telemetry::metrics();
     let worker_count = args.threads.map_or_else(

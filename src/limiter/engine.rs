@@ -29,6 +29,7 @@ use crate::store::{AnyStore, Limit, MemoryStore, Store, StoreError};
 /// How a verdict was reached; reported to clients and counted in metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
+    /// Decided by the store (Redis, or the embedded store): the normal path.
     Store,
     /// Denied from the local over-limit cache, without a store call.
     Cache,
@@ -50,6 +51,8 @@ pub enum Source {
 pub struct Verdict {
     /// What the caller is told (a shadow rule's denial is already turned into an allow).
     pub decision: Decision,
+    /// Which path decided, so a client or a metric can tell a store's answer from
+    /// a cached or fail-mode one.
     pub source: Source,
     /// The rule is in shadow mode and would have denied.
     pub shadow_denied: bool,
@@ -108,7 +111,12 @@ impl Default for EngineConfig {
     }
 }
 
+/// The hot path of one limiter process (see the module doc): the store and
+/// everything in front of it — the over-limit cache, the breaker, the in-flight
+/// cap, the fail-mode store — shared by every worker thread behind an `Arc`.
+/// The rules live apart, in `RuleSource`; the engine holds none.
 pub struct Engine {
+    /// Where counters live: Redis for a region, or the embedded store.
     store: AnyStore,
     /// The approximate path's batcher, started by the first approximate check
     /// (its flusher needs a runtime; `Engine::new` may run outside one). Only
@@ -117,9 +125,14 @@ pub struct Engine {
     batcher: OnceLock<Batcher>,
     /// Backs `fail_mode: local`; also counts nothing else.
     local: MemoryStore,
+    /// Denials remembered until their retry-after, answered without a store call.
     cache: OverLimitCache,
+    /// Sends checks to the fail mode while the store is failing.
     breaker: Breaker,
+    /// `EngineConfig::max_in_flight` permits: tokio's semaphore, as a check
+    /// waits for a permit across `.await` before its deadline starts.
     in_flight: tokio::sync::Semaphore,
+    /// Divides a rule's limit for `fail_mode: local` (at least 1).
     pods_in_region: u64,
     /// Each rule's per-check metric handles, by rule id: looking a labelled
     /// metric up through the macros costs label allocations and a registry
@@ -127,6 +140,8 @@ pub struct Engine {
     /// Handles are registered on first use, not here: the metrics recorder
     /// may be installed after the engine is built.
     rule_metrics: RwLock<HashMap<String, Arc<RuleMetrics>, foldhash::fast::RandomState>>,
+    /// The store-call latency histogram, registered on first use for the same
+    /// reason as `rule_metrics`.
     store_duration: OnceLock<Histogram>,
 }
 

@@ -47,16 +47,28 @@ pub enum GlobalLimit {
     Nothing,
 }
 
+/// This pod's view of global rules: the region's allocation table (written by
+/// the coordinator stream, read by every check), the demand counted since the
+/// last report, and what wakes the reporter. One per process, shared by the
+/// workers and the control tasks.
 pub struct Global {
+    /// This pod's region, as reports name it.
     region: String,
+    /// This pod's name in reports (unique within the region).
     pod: String,
+    /// False without `--coordinator`: every rule runs at its own limit.
     coordinated: bool,
+    /// The allocations; `std::sync::RwLock`: read on every check of a global
+    /// rule, written per epoch, never held across an `.await`.
     table: RwLock<Table>,
+    /// Hits since the last report; `std::sync::Mutex`, held for one update.
     demand: Mutex<Demand>,
+    /// Wakes the reporter early: a top-up request, or an epoch to acknowledge.
     wake: Notify,
     /// Rules counted exactly in fixed windows → their period (ms): the ones
     /// whose window use is reported (see [`crate::allocation::WindowUse`]).
     counted: RwLock<HashMap<String, u64>>,
+    /// Checks under way, which a report drains before reading the window use.
     flight: Flight,
 }
 
@@ -68,7 +80,9 @@ pub struct Global {
 /// (one reporter task), so a slot is never shared by two live eras.
 #[derive(Default)]
 struct Flight {
+    /// Bumped by each drain; its parity picks the slot a check enters.
     era: AtomicU64,
+    /// Checks inside, per era parity.
     inside: [AtomicU64; 2],
 }
 
@@ -118,18 +132,25 @@ impl Flight {
     }
 }
 
+/// What the next report carries: per-rule hits, top-up requests and the
+/// window use seen by this pod's checks.
 #[derive(Default)]
 struct Demand {
     /// rule → hits since the last report.
     hits: HashMap<String, RuleHits>,
+    /// When the first hit of this report was counted (the pace's denominator).
     since: Option<Instant>,
+    /// Top-up requests waiting for the reporter.
     top_ups: Vec<pb::TopUp>,
+    /// Each (rule, key)'s last top-up request, so a key asks at most every
+    /// `TOP_UP_EVERY`; pruned when it grows large.
     last_top_up: HashMap<(String, String), Instant>,
     /// Counted rule → (window start, the most any key was admitted in it),
     /// as this pod's checks saw the count.
     seen: HashMap<String, (Millis, u64)>,
 }
 
+/// One rule's hits since the last report.
 #[derive(Default)]
 struct RuleHits {
     /// key → (asked, allowed).

@@ -20,9 +20,12 @@ use crate::proto::meridian::v1 as native;
 /// Request bodies larger than this are refused with 413.
 pub const MAX_BODY: usize = 1 << 20;
 
+/// What the HTTP handlers share: the service and the metrics exporter.
 #[derive(Clone)]
 pub struct HttpState {
+    /// The same service the gRPC transports use.
     pub limiter: Arc<Service>,
+    /// Renders `/metrics` (the Prometheus recorder installed at start-up).
     pub metrics: PrometheusHandle,
 }
 

@@ -132,11 +132,19 @@ pub fn save_cache(path: &Path, selection: &Selection) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+/// The limiter's subscription to the coordinators' rule and allocation stream
+/// (`--coordinator`): who it follows, as which pod, and where it keeps the last
+/// rules it was sent, so a restart without a coordinator still has them.
 pub struct Feed {
+    /// Coordinator gRPC URLs, tried in turn whenever a stream fails.
     pub coordinators: Vec<String>,
+    /// This pod's region: selects the allocations it is sent.
     pub region: String,
+    /// This pod's name, as the coordinator counts its acknowledgements.
     pub pod: String,
+    /// The rules cache file (`--rules-cache`), rewritten on every new version.
     pub cache: PathBuf,
+    /// Where the allocations that arrive on the stream are applied.
     pub global: Arc<Global>,
 }
 

@@ -10,6 +10,8 @@ use metrics::counter;
 
 use crate::rules::{RuleErrors, RuleFile, RuleSet};
 
+/// The rules a limiter process enforces, swapped whole on reload or when the
+/// coordinator pushes a version; every check reads the current `Arc`.
 pub struct RuleSource {
     /// Swapped whole on reload; readers clone the `Arc` and never hold the lock
     /// across an `.await`.
@@ -17,6 +19,8 @@ pub struct RuleSource {
     /// A rule-set version in its shadow rollout stage: decided and counted
     /// beside `current` (its rules already in shadow mode), never enforced.
     shadow: RwLock<Option<Arc<RuleSet>>>,
+    /// The rule files polled for changes; empty when the rules come from the
+    /// coordinator (or are fixed, as in the library).
     paths: Vec<PathBuf>,
 }
 

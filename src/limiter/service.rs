@@ -15,11 +15,19 @@ use crate::rules::{Rule, RuleSet, Unit};
 
 /// Requests larger than this are refused whole (a runaway client, not traffic).
 pub const MAX_DESCRIPTORS: usize = 1_000;
+/// Entries one descriptor may hold, at most.
 pub const MAX_ENTRIES: usize = 64;
+/// Checks one native batch may hold, at most.
 pub const MAX_BATCH: usize = 1_000;
 
+/// What every transport (Envoy RLS, native gRPC, HTTP, the library) calls: the
+/// engine, the rules it matches against and, in the server, the global-rule
+/// state. One per process, shared behind an `Arc`.
 pub struct Service {
+    /// Decides matched checks (store, cache, breaker, fail mode).
     pub engine: Engine,
+    /// The rules descriptors are matched against; replaced by reloads and by the
+    /// coordinator's rule feed.
     pub rules: Arc<RuleSource>,
     /// Allocations of global rules (and demand reports) when coordinated.
     /// Only the server has a coordinator: in the library every rule, global
@@ -241,6 +249,7 @@ impl Service {
     }
 }
 
+/// A descriptor resolved to a rule: the counter to check and its limit.
 struct Matched {
     rule: Arc<Rule>,
     counter_key: String,

@@ -31,8 +31,11 @@ pub struct Worker {
 
 /// The worker threads and the ends that hand them connections.
 pub struct Workers {
+    /// One per worker: accepted gRPC connections, handed to that worker's runtime.
     grpc: Vec<mpsc::UnboundedSender<std::net::TcpStream>>,
+    /// One per worker: accepted HTTP connections.
     http: Vec<mpsc::UnboundedSender<std::net::TcpStream>>,
+    /// One per worker: fires when its thread's `serve` returns, with its result.
     finished: Vec<oneshot::Receiver<anyhow::Result<()>>>,
 }
 

@@ -13,6 +13,7 @@ use super::{Accuracy, Resolved, Rule, RuleFile, RuleSet, format_duration};
 /// Exit status for invalid rule files (and unreadable ones).
 const INVALID: u8 = 2;
 
+/// `meridian rules` options: which subcommand (`check`, `explain`, …) and its files.
 #[derive(Debug, Args)]
 pub struct RulesArgs {
     #[command(subcommand)]

@@ -35,12 +35,14 @@ type Map<V> = std::collections::HashMap<String, V, foldhash::fast::RandomState>;
 /// form editors and CI logs link to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleError {
+    /// The [`RuleFile::name`] of the file, as the caller passed it (usually its path).
     pub file: String,
     /// 1-based line of the offending field (or of its parent when it is missing).
     pub line: usize,
     /// The field at fault as written in the file (`unit`, `requests_per_unit`,
     /// `key`, …), or `yaml` when the file is not valid YAML.
     pub field: String,
+    /// What is wrong and, where it helps, what is accepted instead.
     pub reason: String,
 }
 

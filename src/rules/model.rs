@@ -9,17 +9,24 @@ use crate::algorithm::Params;
 /// message, usually the path) and its YAML text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleFile {
+    /// Cited by every error in the file; usually its path.
     pub name: String,
+    /// The YAML document: one domain and its descriptor tree.
     pub text: String,
 }
 
 /// Envoy's rate limit units, plus `Custom` for Meridian's `period` field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unit {
+    /// 1 s.
     Second,
+    /// 60 s.
     Minute,
+    /// 3 600 s.
     Hour,
+    /// 86 400 s.
     Day,
+    /// 7 days.
     Week,
     /// 30 days, as envoyproxy/ratelimit counts it.
     Month,
@@ -45,8 +52,11 @@ pub enum FailMode {
 /// the world, divided between regions by the coordinator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Scope {
+    /// Each region counts against the full limit in its own store (the default).
     #[default]
     Region,
+    /// The limit holds across all regions; each region enforces the allocation
+    /// the coordinator grants it.
     Global,
 }
 
@@ -57,8 +67,11 @@ pub enum Scope {
 /// ≤ B + R·T + pods × max_batch); see `limiter::batcher`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Accuracy {
+    /// Every check runs the algorithm's script in the store (the default).
     #[default]
     Exact,
+    /// Checks are decided in process and flushed in batches; see the enum's doc
+    /// for the bound.
     Approximate {
         /// Longest a local hit waits before it is flushed (default 50 ms).
         sync_interval: Duration,
@@ -85,6 +98,7 @@ pub struct Rule {
     /// node, escaped. Part of every storage key, so it must not change when
     /// unrelated rules are edited.
     pub id: String,
+    /// The file's `domain:`; a request names it to pick the tree it is matched in.
     pub domain: String,
     /// `rate_limit.name`, if given.
     pub name: Option<String>,
@@ -92,25 +106,36 @@ pub struct Rule {
     pub unlimited: bool,
     /// `requests_per_unit` (0 when unlimited).
     pub requests_per_unit: u64,
+    /// The period as written (`unit:` or `period:`), kept for Envoy's response
+    /// and the `rules` command; `params` holds the period the algorithm uses.
     pub unit: Unit,
     /// Algorithm, limit, period, burst. `None` when unlimited.
     pub params: Option<Params>,
+    /// `shadow_mode: true`: decided and counted, but a denial is answered as an
+    /// allow, with `Verdict::shadow_denied` set, to try a rule on live traffic.
     pub shadow_mode: bool,
+    /// `detailed_metric: true` (Envoy's field): kept and shown by `meridian rules`;
+    /// no metric reads it yet.
     pub detailed_metric: bool,
     /// Names of rules this one replaces when both match one request.
     pub replaces: Vec<String>,
+    /// What a check does when the store fails or misses its deadline.
     pub fail_mode: FailMode,
+    /// Whether the limit is per region or one for the world.
     pub scope: Scope,
+    /// Exact (a script per check) or approximate (batched); see [`Accuracy`].
     pub accuracy: Accuracy,
     /// Hot-key split into this many sub-counters (1 = no split), each with
     /// limit / K: admitted ≤ L, ≥ L − K × (cost − 1) once demand reaches every
     /// sub-counter; see `limiter::split`.
     pub split: u32,
+    /// A global rule's behaviour when a region loses the coordinator.
     pub partition: Partition,
     /// Share of the static allocation kept when a global rule's lease lapses (0.0–1.0).
     pub fallback: f64,
     /// Where the rule was written: file name and 1-based line.
     pub file: String,
+    /// Where the rule was written: 1-based line in `file`.
     pub line: usize,
 }
 
@@ -183,6 +208,7 @@ impl Unit {
 }
 
 impl FailMode {
+    /// The spelling in rule files (`open`, `closed`, `local`).
     pub fn name(self) -> &'static str {
         match self {
             FailMode::Open => "open",
@@ -193,6 +219,7 @@ impl FailMode {
 }
 
 impl Scope {
+    /// The spelling in rule files (`region`, `global`).
     pub fn name(self) -> &'static str {
         match self {
             Scope::Region => "region",
@@ -202,6 +229,7 @@ impl Scope {
 }
 
 impl Partition {
+    /// The spelling in rule files (`strict`, `available`).
     pub fn name(self) -> &'static str {
         match self {
             Partition::Strict => "strict",
@@ -211,6 +239,7 @@ impl Partition {
 }
 
 impl Accuracy {
+    /// The spelling in rule files (`exact`, `approximate`).
     pub fn name(self) -> &'static str {
         match self {
             Accuracy::Exact => "exact",

@@ -3,25 +3,25 @@
 //!
 //! Virtual time only — no clock reads, no threads, no async. Traffic is
 //! drawn from a seeded stream once per step and fed to every strategy
-//! ([`world::Strategy`]) side by side, so their figures compare the same
+//! ([`Strategy`]) side by side, so their figures compare the same
 //! requests; the ideal global counter is the reference for false rejections.
 //! Everything written out is ordered (sorted maps, integer sums), so the same
 //! scenario and seed give byte-identical files.
 //!
 //! - [`scenario`]: the TOML scenario format and its validation;
-//! - [`traffic`]: per-customer, per-region demand;
-//! - [`enforce`]: a region's counters (the simulated Redis), decided by the
+//! - `traffic`: per-customer, per-region demand;
+//! - `enforce`: a region's counters (the simulated Redis), decided by the
 //!   algorithm state machines with the allocation as the limit;
-//! - [`world`]: pods, network, coordinator, events;
+//! - `world`: pods, network, coordinator, events;
 //! - [`report`]: CSV, SVG and markdown;
-//! - [`cli`]: the subcommand.
+//! - `cli`: the subcommand.
 
 pub(crate) mod cli;
-pub mod enforce;
+pub(crate) mod enforce;
 pub mod report;
 pub mod scenario;
-pub mod traffic;
-pub mod world;
+pub(crate) mod traffic;
+pub(crate) mod world;
 
 use std::rc::Rc;
 
@@ -32,15 +32,18 @@ use world::{Engine, T0_MS};
 
 /// A strategy keeps up after a shift once it admits this fraction of what
 /// the ideal counter admits, for [`CATCH_UP_WINDOWS`] windows in a row.
-pub const CATCH_UP_FRACTION: f64 = 0.95;
-pub const CATCH_UP_WINDOWS: usize = 3;
+pub(crate) const CATCH_UP_FRACTION: f64 = 0.95;
+/// How many windows in a row a strategy must keep up for (see `CATCH_UP_FRACTION`).
+pub(crate) const CATCH_UP_WINDOWS: usize = 3;
 
 /// One clock-aligned window of one strategy, world-wide.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WindowRow {
     /// From the simulation start.
     pub start_ms: i64,
+    /// Hits requested in the window, all keys and regions.
     pub asked: u64,
+    /// Hits this strategy admitted of them.
     pub admitted: u64,
     /// What the ideal counter admitted of the same requests.
     pub ideal: u64,
@@ -51,8 +54,11 @@ pub struct WindowRow {
     /// Most admitted above the stated bound by one key (≤ 0: held).
     /// Token bucket: the excess over `B + R·T`, rounded up.
     pub bound_excess: i64,
+    /// Hits admitted per region, in scenario region order.
     pub region_admitted: Vec<u64>,
+    /// Hits key 0 (the heaviest customer) requested, all regions.
     pub key0_asked: u64,
+    /// Hits key 0 was admitted.
     pub key0_admitted: u64,
     /// The largest allocation key 0 had per region during the window.
     pub key0_alloc: Vec<u64>,
@@ -63,31 +69,47 @@ pub struct WindowRow {
 pub struct Summary {
     /// Key-windows whose demand reached `L`.
     pub contended: u64,
+    /// Σ admitted over contended key-windows (the mean overshoot's numerator).
     pub contended_admitted: u128,
     /// Σ min(admitted, L) over contended key-windows.
     pub contended_used: u128,
     /// Key-windows admitting more than `L`.
     pub over: u64,
+    /// The most one key admitted in one window over the run.
     pub max_key_admitted: u64,
+    /// Σ over windows of what the ideal counter admitted.
     pub ideal_admitted: u128,
+    /// Σ over windows of `WindowRow::false_rejected`.
     pub false_rejected: u128,
+    /// Hits admitted over the run.
     pub admitted: u128,
+    /// Hits requested over the run.
     pub asked: u128,
+    /// The largest `WindowRow::bound_excess` of the run (≤ 0: the bound held throughout).
     pub max_bound_excess: i64,
     /// Round trips paid to a global counter (ideal only), ms × checks.
     pub rtt_ms: u128,
+    /// Checks made (the mean round trip's denominator).
     pub checks: u64,
 }
 
+/// What one strategy did with the run's traffic.
 pub struct StrategyRun {
+    /// The strategy simulated.
     pub strategy: Strategy,
+    /// One row per clock-aligned window of the rule's period, in time order.
     pub windows: Vec<WindowRow>,
+    /// Totals over every window.
     pub summary: Summary,
 }
 
+/// The result of [`simulate`]: every strategy's figures over the same traffic.
 pub struct Run {
+    /// The scenario run (shared with the report writers).
     pub scenario: Rc<Scenario>,
+    /// The seed the traffic was drawn with; same scenario and seed, same run.
     pub seed: u64,
+    /// One per strategy, in [`Strategy::ALL`] order.
     pub runs: Vec<StrategyRun>,
 }
 
@@ -96,33 +118,33 @@ impl Summary {
         (den > 0).then(|| num as f64 * 100.0 / den as f64)
     }
 
-    pub fn max_overshoot_pct(&self, limit: u64) -> f64 {
+    pub(crate) fn max_overshoot_pct(&self, limit: u64) -> f64 {
         self.max_key_admitted as f64 * 100.0 / limit as f64
     }
 
-    pub fn mean_overshoot_pct(&self, limit: u64) -> Option<f64> {
+    pub(crate) fn mean_overshoot_pct(&self, limit: u64) -> Option<f64> {
         Self::pct(
             self.contended_admitted,
             u128::from(self.contended) * u128::from(limit),
         )
     }
 
-    pub fn windows_over_pct(&self) -> Option<f64> {
+    pub(crate) fn windows_over_pct(&self) -> Option<f64> {
         Self::pct(u128::from(self.over), u128::from(self.contended))
     }
 
-    pub fn false_rejections_pct(&self) -> Option<f64> {
+    pub(crate) fn false_rejections_pct(&self) -> Option<f64> {
         Self::pct(self.false_rejected, self.ideal_admitted)
     }
 
-    pub fn capacity_used_pct(&self, limit: u64) -> Option<f64> {
+    pub(crate) fn capacity_used_pct(&self, limit: u64) -> Option<f64> {
         Self::pct(
             self.contended_used,
             u128::from(self.contended) * u128::from(limit),
         )
     }
 
-    pub fn latency_ms(&self) -> f64 {
+    pub(crate) fn latency_ms(&self) -> f64 {
         if self.checks == 0 {
             0.0
         } else {

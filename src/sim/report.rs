@@ -26,6 +26,7 @@ pub const PLOTS: [(&str, &str); 3] = [
     ),
 ];
 
+/// Writes the run's CSV, `summary.md` and [`PLOTS`] into `dir`, creating it.
 pub fn write(run: &Run, dir: &Path) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join("timeseries.csv"), csv(run))?;
@@ -36,6 +37,8 @@ pub fn write(run: &Run, dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// The run as `timeseries.csv`: one line per window and strategy, with the
+/// admitted hits per region and key 0's allocation per region.
 pub fn csv(run: &Run) -> String {
     let s = &run.scenario;
     let mut out = String::from(

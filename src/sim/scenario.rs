@@ -19,36 +19,51 @@ use crate::rules::Partition;
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{file}: {field}: {reason}")]
 pub struct ScenarioError {
+    /// The scenario file's path as given, cited first in the message.
     pub file: String,
     /// Dotted path of the offending field (`region[1].latency_ms`), or
     /// `toml` for a syntax error.
     pub field: String,
+    /// What is wrong with the value, and what is accepted.
     pub reason: String,
 }
 
 /// A validated scenario. Times are milliseconds from the simulation start.
 #[derive(Debug, Clone)]
 pub struct Scenario {
+    /// Short name, used for the results folder and the report headings.
     pub name: String,
+    /// What the scenario shows, in prose, for the report (may be empty).
     pub description: String,
+    /// How long the simulated run lasts.
     pub duration_ms: i64,
     /// Traffic is generated and checked once per step.
     pub step_ms: i64,
+    /// The one global rule simulated.
     pub rule: RuleSpec,
+    /// How the coordinator (or its stand-in, for other strategies) behaves.
     pub coordinator: CoordinatorSpec,
+    /// The regions, in file order: every per-region vector follows this order.
     pub regions: Vec<RegionSpec>,
+    /// Who asks for how much, where and when.
     pub traffic: TrafficSpec,
 }
 
+/// The simulated global rule: one world-wide limit, divided between regions.
 #[derive(Debug, Clone)]
 pub struct RuleSpec {
+    /// The algorithm each region's counters run (not leaky_bucket: not simulated yet).
     pub algorithm: Algorithm,
     /// The world-wide limit per period (the refill per period for buckets).
     pub limit: u64,
+    /// The rule's period; windows of the report are this long.
     pub period_ms: i64,
     /// Token bucket only: world-wide burst, split between regions like the rate.
     pub burst: Option<u64>,
+    /// Whether a silent region's share may be re-granted before its lease ends.
     pub partition: Partition,
+    /// Share of the static allocation a region keeps once its lease lapses
+    /// (0.0–1.0, default 0.5), as `Rule::fallback`.
     pub fallback: f64,
 }
 
@@ -70,16 +85,19 @@ impl RuleSpec {
         Params::new(self.algorithm, allocation as i64, period, burst).ok()
     }
 
-    pub fn windowed(&self) -> bool {
+    pub(crate) fn windowed(&self) -> bool {
         !self.algorithm.has_burst()
     }
 }
 
+/// The coordinator's timing, report path and rebalancer tuning.
 #[derive(Debug, Clone)]
 pub struct CoordinatorSpec {
+    /// A full round (EWMA roll) runs this often.
     pub rebalance_interval_ms: i64,
     /// Scheduled rounds end this long before a multiple of the interval.
     pub round_lead_ms: i64,
+    /// Each pod reports its demand this often.
     pub report_interval_ms: i64,
     /// Probability that one pod report is lost on the way.
     pub report_loss: f64,
@@ -87,15 +105,21 @@ pub struct CoordinatorSpec {
     pub top_n: usize,
     /// Early top-up (Meridian only).
     pub top_up: bool,
+    /// The rebalancer's tuning (lease, suspect-after, EWMA, headroom, floor, …).
     pub config: Config,
     /// Spans during which no coordinator is reachable.
     pub outages: Vec<Span>,
 }
 
+/// One region: its pods, its link to the coordinator and its outages.
 #[derive(Debug, Clone)]
 pub struct RegionSpec {
+    /// The region's name, as the mixes and surges refer to it.
     pub name: String,
+    /// Relative weight (> 0, default 1): the static split, the default mix, and
+    /// the headroom's division when capacity is scarce.
     pub weight: f64,
+    /// Limiter pods in the region; each keeps its own local view and reports.
     pub pods: usize,
     /// One way, region ↔ coordinator (and ↔ the ideal global counter).
     pub latency_ms: i64,
@@ -107,18 +131,22 @@ pub struct RegionSpec {
     pub peak_hour: f64,
 }
 
+/// A half-open interval of simulated time, `[from_ms, to_ms)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {
+    /// Start, included.
     pub from_ms: i64,
+    /// End, excluded.
     pub to_ms: i64,
 }
 
 impl Span {
-    pub fn contains(&self, t: i64) -> bool {
+    pub(crate) fn contains(&self, t: i64) -> bool {
         self.from_ms <= t && t < self.to_ms
     }
 }
 
+/// How the regional mix of traffic evolves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
     /// The regional mix changes only at `shift`s.
@@ -127,37 +155,49 @@ pub enum Shape {
     FollowTheSun,
 }
 
+/// The demand: customers with Zipf-distributed rates, split over regions by a mix.
 #[derive(Debug, Clone)]
 pub struct TrafficSpec {
+    /// Customers (keys) asking; key k is customer k, key 0 the heaviest.
     pub customers: usize,
     /// Customer k (from 0) asks for `rate / (k + 1)^zipf` hits per second.
     pub zipf: f64,
+    /// Hits per second customer 0 asks for (see `zipf`).
     pub rate: f64,
+    /// Whether the mix follows only the shifts, or the sun.
     pub shape: Shape,
     /// Regional shares (in region order) before the first shift.
     pub mix: Vec<f64>,
+    /// Mix changes, in time order.
     pub shifts: Vec<Shift>,
+    /// Demand multipliers over spans of time.
     pub surges: Vec<Surge>,
 }
 
+/// A change of the regional mix at one instant.
 #[derive(Debug, Clone)]
 pub struct Shift {
+    /// When the new mix applies.
     pub at_ms: i64,
+    /// Regional shares from then on, in region order.
     pub mix: Vec<f64>,
 }
 
 /// Demand multiplied by `factor` for some customers in some regions.
 #[derive(Debug, Clone)]
 pub struct Surge {
+    /// When the surge lasts.
     pub span: Span,
     /// Region index; `None` = every region.
     pub region: Option<usize>,
     /// `None` = every customer.
     pub customers: Option<Vec<usize>>,
+    /// What demand is multiplied by during `span`.
     pub factor: f64,
 }
 
 impl Scenario {
+    /// Reads and validates a scenario file; errors name the file, the field and why.
     pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {

@@ -55,6 +55,7 @@ pub enum Strategy {
 }
 
 impl Strategy {
+    /// Every strategy, in the order runs and reports list them.
     pub const ALL: [Strategy; 4] = [
         Strategy::Ideal,
         Strategy::Static,
@@ -62,6 +63,7 @@ impl Strategy {
         Strategy::Meridian,
     ];
 
+    /// The name used in reports and file names (`ideal`, `static`, …).
     pub fn name(self) -> &'static str {
         match self {
             Strategy::Ideal => "ideal",

@@ -22,6 +22,9 @@ thread_local! {
     static KEY_BUFFER: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
+/// An in-process [`Store`]: each key's algorithm state in one of 64 mutex-guarded
+/// shards, so checks of different keys rarely contend. Expired state is dropped
+/// lazily as shards are touched; nothing is shared with other processes.
 pub struct MemoryStore {
     /// `std::sync::Mutex`, not tokio's: no `.await` happens while one is held,
     /// and a decision takes well under a microsecond.
@@ -81,6 +84,7 @@ impl State {
 }
 
 impl MemoryStore {
+    /// An empty store.
     pub fn new() -> MemoryStore {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
@@ -162,6 +166,7 @@ impl MemoryStore {
             .sum()
     }
 
+    /// Whether no key is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -23,7 +23,9 @@ use crate::algorithm::{Decision, InvalidInput, Micros, Params};
 /// and its validated parameters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limit {
+    /// The rule's name; every state key starts with it, so two rules never share a counter.
     pub rule: String,
+    /// The algorithm, limit and period the check is decided with.
     pub params: Params,
 }
 
@@ -33,6 +35,8 @@ pub struct Limit {
 /// store's own clock (the Redis server's `TIME`, so every pod of a region agrees
 /// on window boundaries whatever their own clocks say).
 pub trait Store: Send + Sync {
+    /// Decides a check of `cost` hits on `key` under `limit`, counting them if
+    /// admitted, in one atomic step (one Lua script call on Redis).
     fn check(
         &self,
         limit: &Limit,
@@ -55,16 +59,23 @@ pub trait Store: Send + Sync {
 /// Why a store could not decide.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// The check itself was malformed (a zero cost, an over-long key); retrying
+    /// cannot help, and no fail mode applies.
     #[error(transparent)]
     InvalidInput(#[from] InvalidInput),
+    /// Redis did not answer within `RedisConfig::deadline` (transient).
     #[error("redis did not answer within the {0:?} deadline")]
     Timeout(Duration),
+    /// The connection to Redis failed or was lost (transient).
     #[cfg(feature = "redis")]
     #[error("redis connection failed: {0}")]
     Connection(#[source] ::redis::RedisError),
+    /// Redis answered with an error that is neither a timeout nor a lost
+    /// connection (`OOM`, a script error, …): not transient.
     #[cfg(feature = "redis")]
     #[error("redis refused the command: {0}")]
     Server(#[source] ::redis::RedisError),
+    /// Redis answered something the script's contract does not allow.
     #[error("unexpected reply from redis: {0}")]
     Reply(String),
 }
@@ -84,7 +95,10 @@ impl StoreError {
 
 /// The store a limiter runs on, chosen at start-up (`--redis` or `--store memory`).
 pub enum AnyStore {
+    /// An in-process store: one process's counters only.
     Memory(MemoryStore),
+    /// A Redis server or Cluster shared by every pod of a region (boxed:
+    /// `RedisStore` is many times the size of `MemoryStore`).
     #[cfg(feature = "redis")]
     Redis(Box<RedisStore>),
 }

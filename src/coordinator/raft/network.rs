@@ -82,6 +82,7 @@ pub struct Connection {
     /// `Err` when the peer's address is not a valid URI; every RPC then fails
     /// as unreachable (the membership, not this node, must be fixed).
     client: Result<RaftClient<Channel>, String>,
+    /// Stamped on every answer from `target`, for the cluster API.
     contacts: PeerContacts,
 }
 

@@ -696,6 +696,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 /// asked for the builder, so applies continue meanwhile.
 pub struct SnapshotBuilder {
     db: Arc<Database>,
+    /// The applied state as of the builder's creation; the snapshot is built from it.
     applied: Applied,
 }
 

@@ -49,7 +49,7 @@ pub(super) fn flush_script() -> Script {
 impl RedisStore {
     /// Splits deltas (by index) into the groups one script call may carry:
     /// everything for a standalone server, one group per hash slot on a Cluster.
-    pub fn shard_groups(&self, deltas: &[Delta]) -> Vec<Vec<usize>> {
+    pub(crate) fn shard_groups(&self, deltas: &[Delta]) -> Vec<Vec<usize>> {
         match self.connection {
             Connection::Standalone(_) => vec![(0..deltas.len()).collect()],
             Connection::Cluster(_) => {
@@ -65,7 +65,7 @@ impl RedisStore {
     /// Applies `deltas` (one group from [`RedisStore::shard_groups`]) in one
     /// round trip, within the store's deadline. Either all are applied or,
     /// on error, none is known to be (the caller keeps and retries them).
-    pub async fn apply_deltas(&self, deltas: &[&Delta]) -> Result<Flushed, StoreError> {
+    pub(crate) async fn apply_deltas(&self, deltas: &[&Delta]) -> Result<Flushed, StoreError> {
         let mut cmd = redis::Cmd::with_capacity(3 + 10 * deltas.len(), 128 + 128 * deltas.len());
         cmd.arg("EVALSHA")
             .arg(self.flush.get_hash())

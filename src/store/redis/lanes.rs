@@ -47,7 +47,7 @@ impl Lanes {
 impl RedisStore {
     /// Opens lane `index`: its connection and coalescing task run on the
     /// calling runtime, which should be the one the thread bound to `index`
-    /// ([`bind_thread`]) serves on. Opening a lane twice keeps the first.
+    /// (`bind_thread`) serves on. Opening a lane twice keeps the first.
     pub async fn open_lane(&self, index: usize) -> Result<(), StoreError> {
         let Some(lanes) = &self.lanes else {
             return Err(StoreError::Reply(

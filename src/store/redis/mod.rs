@@ -22,15 +22,17 @@ mod coalesce;
 mod flush;
 mod lanes;
 
-pub use flush::{Delta, Flushed, Global, slot};
-pub use lanes::bind_thread;
+pub(crate) use flush::{Delta, Global, slot};
+// Only the server's worker threads bind a lane.
+#[cfg(feature = "server")]
+pub(crate) use lanes::bind_thread;
 
 use super::{Limit, Store, StoreError, key};
 use crate::algorithm::{Algorithm, Decision, DenyReason, Micros, precheck};
 
 /// The Lua source of each algorithm, prelude and epilogue included (see
 /// `scripts/prelude.lua`).
-pub fn script_source(algorithm: Algorithm) -> &'static str {
+pub(crate) fn script_source(algorithm: Algorithm) -> &'static str {
     macro_rules! with_prelude {
         ($file:literal) => {
             concat!(
@@ -75,6 +77,8 @@ pub struct RedisConfig {
 }
 
 impl RedisConfig {
+    /// A config for one server or Cluster URL, with a 100 ms check deadline, a 2 s
+    /// connect timeout, the system's trust store and no per-thread lanes.
     pub fn new(url: impl Into<String>) -> RedisConfig {
         RedisConfig {
             urls: vec![url.into()],
@@ -110,6 +114,8 @@ enum Connection {
 }
 
 impl RedisStore {
+    /// Connects — giving up after twice `connect_timeout`, as Cluster discovery
+    /// can hang on an unreachable seed — and preloads the scripts.
     pub async fn connect(config: &RedisConfig) -> Result<RedisStore, StoreError> {
         // rediss:// needs a rustls crypto provider; the first store installs ring's
         // (an error only means one is installed already).
