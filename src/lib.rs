@@ -33,6 +33,8 @@ mod limiter;
 pub mod proto;
 pub mod rules;
 #[cfg(feature = "server")]
+mod secret;
+#[cfg(feature = "server")]
 mod shutdown;
 #[cfg(feature = "server")]
 pub mod sim;
