@@ -135,6 +135,7 @@ async fn healthz(State(api): State<Api>) -> Response {
     };
     let body = json!({
         "status": if status == StatusCode::OK { "ok" } else { "raft stopped" },
+        "reason": metrics.running_state.as_ref().err().map(|fatal| fatal.to_string()),
         "node_id": api.node.id,
         "leader": metrics.current_leader,
         "term": metrics.current_term,
