@@ -11,6 +11,7 @@ pub mod api;
 pub mod grpc;
 pub mod node;
 pub mod raft;
+pub mod report;
 pub mod state;
 pub mod validation;
 
@@ -145,6 +146,12 @@ pub struct CoordinatorArgs {
     /// off by default — shrink before grow already keeps the sum safe.
     #[arg(long)]
     pub max_shift: Option<f64>,
+    /// Register a region the first time its limiters report (weight 1).
+    /// For development and the demo: otherwise an admin registers regions
+    /// (PUT /api/v1/regions/NAME) and reports from others are refused, so
+    /// nobody can make up regions that hold capacity in reserve.
+    #[arg(long)]
+    pub auto_register_regions: bool,
     /// Keys per global rule that may get their own allocation.
     #[arg(long, default_value_t = 1000)]
     pub max_key_entries: usize,
@@ -374,7 +381,11 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         http: http.clone(),
     });
 
-    let allocator = allocator::Allocator::new(Arc::clone(&node), allocator_config);
+    let allocator = allocator::Allocator::new(
+        Arc::clone(&node),
+        allocator_config,
+        args.auto_register_regions,
+    );
     let grpc_listener = tokio::net::TcpListener::bind(args.raft_addr)
         .await
         .map_err(|source| RunError::Listen {

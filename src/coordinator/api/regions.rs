@@ -54,12 +54,7 @@ fn default_region_state() -> RegionState {
 }
 
 fn check_region_name(name: &str) -> Result<(), ApiError> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
-    if ok {
+    if crate::coordinator::report::valid_region_name(name) {
         Ok(())
     } else {
         Err(ApiError::new(
