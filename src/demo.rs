@@ -122,7 +122,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .prefix("meridian-demo-")
         .tempdir()
         .context("creating the demo's temp dir")?;
-    let token = format!("demo-{:x}", now_unix_ms());
+    // 128 random bits, in a 0600 file the coordinators read: the token is
+    // never on a command line, and the demo prints only where it is.
+    let token = format!("{:032x}", rand::random::<u128>());
+    let token_file = dir.path().join("admin-token");
+    write_secret(&token_file, &token).context("writing the demo's admin token")?;
     let mut procs: Vec<Proc> = Vec::new();
 
     // Coordinators.
@@ -146,7 +150,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             .arg(dir.path().join(format!("coordinator-{id}")))
             .args(["--raft-addr", &format!("127.0.0.1:{raft}")])
             .args(["--http-addr", &format!("127.0.0.1:{http}")])
-            .args(["--admin-token", &token])
+            .arg("--admin-token-file")
+            .arg(&token_file)
             .args(["--rebalance-interval", &interval])
             .args(["--lease", &lease, "--suspect-after", &suspect]);
         if *id == 1 {
@@ -305,7 +310,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             r.redis.as_deref().unwrap_or("embedded")
         );
     }
-    println!("  admin token: {token}   logs: {}", dir.path().display());
+    println!(
+        "  admin token: in {} (export MERIDIAN_ADMIN_TOKEN=$(cat {0}))   logs: {}",
+        token_file.display(),
+        dir.path().display()
+    );
     println!(
         "  traffic: {} customers × {}/min, swinging between the regions every {:?}; Ctrl-C stops\n",
         args.customers, args.demand, args.shift_every
@@ -565,4 +574,14 @@ async fn admin_write(
         bail!("{url}: {status} {text}");
     }
     Ok(())
+}
+
+/// Writes `text` to a new file only this user can read.
+fn write_secret(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)?.write_all(text.as_bytes())
 }

@@ -34,6 +34,8 @@ mod limiter;
 pub mod proto;
 pub mod rules;
 #[cfg(feature = "server")]
+mod secret;
+#[cfg(feature = "server")]
 mod shutdown;
 #[cfg(feature = "server")]
 pub mod sim;

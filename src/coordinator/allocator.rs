@@ -19,12 +19,11 @@ use tonic::Status;
 use super::node::{Node, Write};
 use super::raft::storage::Applied;
 use super::state::{Command, RegionState, Registry, RuleSetVersion, Stage};
-use crate::allocation::demand::{KeyDemand, PodEpoch};
+use crate::allocation::RegionStatus;
+use crate::allocation::demand::PodEpoch;
 use crate::allocation::leader::{
-    ACK_DEBOUNCE_MS, GlobalRule, Leader, LeaderConfig, PodReport, RegionDef, RuleDemand, RuleUse,
-    TopUp,
+    ACK_DEBOUNCE_MS, GlobalRule, Leader, LeaderConfig, PodReport, RegionDef,
 };
-use crate::allocation::{RegionStatus, WindowUse};
 use crate::clock::now_unix_ms;
 use crate::proto::meridian::v1 as pb;
 use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
@@ -44,6 +43,9 @@ pub struct Allocator {
     /// The connection to the leader, reused for forwarded reports.
     leader_client:
         tokio::sync::Mutex<Option<(String, CoordinatorClient<tonic::transport::Channel>)>>,
+    /// `--auto-register-regions`: a report from an unknown region registers
+    /// it (dev and the demo); otherwise such reports are refused.
+    auto_register_regions: bool,
 }
 
 /// The [`Leader`] and the Raft term it leads for.
@@ -54,8 +56,13 @@ struct Leading {
 }
 
 impl Allocator {
-    pub fn new(node: Arc<Node>, config: LeaderConfig) -> Arc<Allocator> {
+    pub fn new(
+        node: Arc<Node>,
+        config: LeaderConfig,
+        auto_register_regions: bool,
+    ) -> Arc<Allocator> {
         Arc::new(Allocator {
+            auto_register_regions,
             leading: Mutex::new(Leading {
                 leader: Leader::new(config),
                 term: None,
@@ -104,11 +111,25 @@ impl Allocator {
 
     /// Accepts a report here (leader) or relays it to the leader.
     pub async fn report(&self, report: pb::DemandReport, forwarded: bool) -> Result<u64, Status> {
-        if report.region.is_empty() || report.pod.is_empty() {
-            return Err(Status::invalid_argument("region and pod must not be empty"));
+        // Checked where it arrives: a follower relays only what it accepted.
+        let accepted = super::report::accept(&report)?;
+        let registered = self
+            .node
+            .applied
+            .borrow()
+            .registry
+            .regions
+            .contains_key(&report.region);
+        if !registered && !self.auto_register_regions {
+            counter!("meridian_coordinator_reports_refused_total", "field" => "region")
+                .increment(1);
+            return Err(Status::not_found(format!(
+                "region {:?} is not registered: an admin registers it with PUT /api/v1/regions/{}",
+                report.region, report.region
+            )));
         }
         if self.is_leader() {
-            self.ingest(&report);
+            self.ingest(&accepted);
             return Ok(self.node.applied.borrow().registry.allocations.epoch);
         }
         if forwarded {
@@ -143,19 +164,16 @@ impl Allocator {
         Ok(client.report(request).await?.into_inner().epoch)
     }
 
-    fn ingest(&self, report: &pb::DemandReport) {
+    fn ingest(&self, report: &PodReport) {
         let now = now_unix_ms();
         let applied = self.node.applied.borrow().clone();
         let Some(mut guard) = self.leading(&applied, now) else {
             return;
         };
         let regions = region_defs(&applied.registry);
-        let heard = guard.leader.ingest(
-            &pod_report(report),
-            &applied.registry.allocations,
-            &regions,
-            now,
-        );
+        let heard = guard
+            .leader
+            .ingest(report, &applied.registry.allocations, &regions, now);
         drop(guard);
         counter!("meridian_coordinator_reports_total").increment(1);
         counter!("meridian_coordinator_demand_steps_total").increment(u64::from(heard.steps));
@@ -208,10 +226,10 @@ impl Allocator {
         histogram!("meridian_coordinator_rebalance_seconds")
             .record(started.elapsed().as_secs_f64());
         for name in unknown {
-            // A region exists once its limiters report: register it with
-            // weight 1 so it gets a share (operators adjust the weight). Its
-            // next report finds it registered without a lease, which runs a
-            // round at once.
+            // Only with --auto-register-regions (reports from unknown regions
+            // are refused otherwise): register it with weight 1 so it gets a
+            // share. Its next report finds it registered without a lease,
+            // which runs a round at once.
             tracing::info!(region = %name, "registering a region that reported");
             let command = Command::PutRegion {
                 name,
@@ -266,55 +284,6 @@ fn region_defs(registry: &Registry) -> Vec<RegionDef> {
             },
         })
         .collect()
-}
-
-/// A limiter's report in the leader's terms.
-fn pod_report(report: &pb::DemandReport) -> PodReport {
-    PodReport {
-        region: report.region.clone(),
-        pod: report.pod.clone(),
-        epoch: report.epoch,
-        interval_ms: report.interval_ms,
-        rules: report
-            .rules
-            .iter()
-            .map(|rd| RuleDemand {
-                rule: rd.rule.clone(),
-                keys: rd
-                    .keys
-                    .iter()
-                    .map(|k| KeyDemand {
-                        key: k.key.clone(),
-                        asked: k.asked,
-                        allowed: k.allowed,
-                    })
-                    .collect(),
-                remainder_asked: rd.remainder_asked,
-            })
-            .collect(),
-        used: report
-            .used
-            .iter()
-            .map(|u| RuleUse {
-                rule: u.rule.clone(),
-                window_start_ms: u.window_start_unix_ms,
-                used: WindowUse {
-                    count: u.count,
-                    cap: u.cap,
-                },
-            })
-            .collect(),
-        top_ups: report
-            .top_ups
-            .iter()
-            .map(|t| TopUp {
-                rule: t.rule.clone(),
-                key: t.key.clone(),
-                per_period: t.per_period,
-                interval_ms: t.interval_ms,
-            })
-            .collect(),
-    }
 }
 
 /// The rule-set version every region enforces: the current one once it is

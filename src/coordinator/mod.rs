@@ -11,6 +11,7 @@ pub mod api;
 pub mod grpc;
 pub mod node;
 pub mod raft;
+pub mod report;
 pub mod state;
 pub mod validation;
 
@@ -33,8 +34,13 @@ use crate::tasks::Tasks;
 /// flight; tasks still running then are aborted.
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(5);
 
-/// Environment variable read when `--admin-token` is not given.
+/// Environment variable read when `--admin-token-file` is not given.
 pub const ADMIN_TOKEN_ENV: &str = "MERIDIAN_ADMIN_TOKEN";
+/// Environment variable read when `--read-token-file` is not given.
+pub const READ_TOKEN_ENV: &str = "MERIDIAN_READ_TOKEN";
+/// Shortest token accepted: 16 random characters are beyond guessing at
+/// the two tries per second a refused attempt allows a connection.
+pub const MIN_TOKEN_CHARS: usize = 16;
 
 /// `meridian coordinator` options.
 #[derive(clap::Args, Debug, Clone)]
@@ -60,9 +66,24 @@ pub struct CoordinatorArgs {
     /// (`http://host:port`): added as learner, made voter once caught up.
     #[arg(long)]
     pub join: Option<String>,
-    /// Bearer token for admin writes [env: MERIDIAN_ADMIN_TOKEN]. Required.
-    #[arg(long)]
+    /// File holding the bearer token for admin writes (at least 16
+    /// characters; chmod 600). Required, or MERIDIAN_ADMIN_TOKEN.
+    #[arg(long, value_name = "PATH")]
+    pub admin_token_file: Option<PathBuf>,
+    /// The admin token itself; visible to every user in `ps`, so prefer
+    /// --admin-token-file or MERIDIAN_ADMIN_TOKEN.
+    #[arg(long, hide = true)]
     pub admin_token: Option<String>,
+    /// File holding a token that reads (rules, regions, allocations, leases,
+    /// cluster) then need, as `Authorization: Bearer` (the admin token works
+    /// too) [env: MERIDIAN_READ_TOKEN]. Without it reads are open to anyone
+    /// who reaches --http-addr; /healthz and /metrics always are.
+    #[arg(long, value_name = "PATH")]
+    pub read_token_file: Option<PathBuf>,
+    /// Most connections the admin API keeps open at once; more wait in the
+    /// kernel's backlog.
+    #[arg(long, default_value_t = 256)]
+    pub admin_max_connections: usize,
     /// Leader heartbeat interval.
     #[arg(long, default_value_t = 250)]
     pub heartbeat_ms: u64,
@@ -125,6 +146,12 @@ pub struct CoordinatorArgs {
     /// off by default — shrink before grow already keeps the sum safe.
     #[arg(long)]
     pub max_shift: Option<f64>,
+    /// Register a region the first time its limiters report (weight 1).
+    /// For development and the demo: otherwise an admin registers regions
+    /// (PUT /api/v1/regions/NAME) and reports from others are refused, so
+    /// nobody can make up regions that hold capacity in reserve.
+    #[arg(long)]
+    pub auto_register_regions: bool,
     /// Keys per global rule that may get their own allocation.
     #[arg(long, default_value_t = 1000)]
     pub max_key_entries: usize,
@@ -273,16 +300,32 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
     // Registered now: a SIGTERM during start-up must stop the node cleanly
     // once it is up, not kill it.
     let terminated = crate::shutdown::signal();
-    let admin_token = args
-        .admin_token
-        .clone()
-        .or_else(|| std::env::var(ADMIN_TOKEN_ENV).ok())
-        .filter(|t| !t.is_empty())
-        .ok_or_else(|| {
-            RunError::Config(format!(
-                "an admin token is required: --admin-token or {ADMIN_TOKEN_ENV}"
-            ))
-        })?;
+    let admin_token = crate::secret::credential(
+        "admin-token",
+        args.admin_token_file.as_deref(),
+        ADMIN_TOKEN_ENV,
+        args.admin_token.as_deref(),
+    )
+    .map_err(RunError::Config)?
+    .ok_or_else(|| {
+        RunError::Config(format!(
+            "an admin token is required: --admin-token-file PATH or {ADMIN_TOKEN_ENV}"
+        ))
+    })?;
+    if admin_token.chars().count() < MIN_TOKEN_CHARS {
+        return Err(RunError::Config(format!(
+            "the admin token is {} characters long; at least {MIN_TOKEN_CHARS} are needed \
+             (e.g. `openssl rand -hex 16 > token && chmod 600 token`)",
+            admin_token.chars().count()
+        )));
+    }
+    let read_token = crate::secret::credential(
+        "read-token",
+        args.read_token_file.as_deref(),
+        READ_TOKEN_ENV,
+        None,
+    )
+    .map_err(RunError::Config)?;
     let init = match &args.init {
         Some(spec) => {
             Some(parse_peers(spec).map_err(|e| RunError::Config(format!("--init: {e}")))?)
@@ -338,7 +381,11 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         http: http.clone(),
     });
 
-    let allocator = allocator::Allocator::new(Arc::clone(&node), allocator_config);
+    let allocator = allocator::Allocator::new(
+        Arc::clone(&node),
+        allocator_config,
+        args.auto_register_regions,
+    );
     let grpc_listener = tokio::net::TcpListener::bind(args.raft_addr)
         .await
         .map_err(|source| RunError::Listen {
@@ -373,9 +420,12 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         allocator: Arc::clone(&allocator),
         prometheus: prometheus.clone(),
         shared_rule_floor: args.shared_rule_floor,
+        read_token,
     });
+    let http_listener = api::CappedListener::new(http_listener, args.admin_max_connections);
     tasks.spawn_with_stop("admin HTTP server", move |stop| async move {
-        let server = axum::serve(http_listener, router).with_graceful_shutdown(stop.wait());
+        let service = router.into_make_service_with_connect_info::<api::Peer>();
+        let server = axum::serve(http_listener, service).with_graceful_shutdown(stop.wait());
         if let Err(e) = server.await {
             tracing::warn!(error = %e, "http server");
         }

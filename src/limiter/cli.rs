@@ -26,6 +26,9 @@ use crate::tasks::Tasks;
 /// After the drain, how long the control tasks get to finish: the demand
 /// reporter's last report (a 200 ms wait for checks in flight, then a call
 /// with a 3 s timeout). Tasks still running then are aborted.
+/// Environment variable read when `--redis-password-file` is not given.
+pub const REDIS_PASSWORD_ENV: &str = "MERIDIAN_REDIS_PASSWORD";
+
 const CONTROL_DEADLINE: Duration = Duration::from_secs(4);
 /// How long the acceptors get to close their listeners after SIGTERM (they
 /// stop at their next `.await`; this bound is never expected to be reached).
@@ -61,6 +64,12 @@ pub struct LimiterArgs {
     /// TLS. Repeat it, or use redis+cluster://h1:p1,h2:p2, for a Redis Cluster.
     #[arg(long = "redis", value_name = "URL")]
     pub redis: Vec<String>,
+
+    /// File holding the Redis password (AUTH), for --redis URLs that carry
+    /// none [env: MERIDIAN_REDIS_PASSWORD]. URLs are logged with passwords
+    /// replaced by ***.
+    #[arg(long, value_name = "PATH")]
+    pub redis_password_file: Option<PathBuf>,
 
     /// PEM file with the CA that signed the Redis servers' TLS certificates
     /// (for rediss:// URLs; default: the system's trust store).
@@ -176,8 +185,23 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
                 !args.redis.is_empty(),
                 "--redis URL is required with --store redis (or use --store memory)"
             );
-            let mut config = RedisConfig::new(args.redis[0].clone());
-            config.urls = args.redis.clone();
+            let password = crate::secret::credential(
+                "redis-password",
+                args.redis_password_file.as_deref(),
+                REDIS_PASSWORD_ENV,
+                None,
+            )
+            .map_err(anyhow::Error::msg)?;
+            let urls: Vec<String> = match &password {
+                Some(p) => args
+                    .redis
+                    .iter()
+                    .map(|u| crate::secret::with_password(u, p))
+                    .collect(),
+                None => args.redis.clone(),
+            };
+            let mut config = RedisConfig::new(urls[0].clone());
+            config.urls = urls.clone();
             config.deadline = args.redis_deadline;
             config.lanes = worker_count;
             if let Some(ca) = &args.redis_ca {
@@ -186,9 +210,16 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
                         .with_context(|| format!("reading --redis-ca {}", ca.display()))?,
                 );
             }
-            let store = RedisStore::connect(&config)
-                .await
-                .with_context(|| format!("connecting to Redis at {}", args.redis.join(",")))?;
+            let store = RedisStore::connect(&config).await.map_err(|e| {
+                // The redis crate may echo the URL it was given, password and all.
+                let shown: Vec<String> =
+                    urls.iter().map(|u| crate::secret::redact_url(u)).collect();
+                anyhow::anyhow!(
+                    "connecting to Redis at {}: {}",
+                    shown.join(","),
+                    crate::secret::redact_urls_in(&e.to_string(), &urls)
+                )
+            })?;
             AnyStore::Redis(Box::new(store))
         }
     };

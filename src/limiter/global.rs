@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 
 use crate::algorithm::{InvalidInput, Params};
 use crate::allocation::Millis;
-use crate::allocation::demand::{KeyDemand, bound_report};
+use crate::allocation::demand::{KeyDemand, REPORT_TOP_KEYS, bound_report};
 use crate::allocation::leader::{GlobalRule, TopUp};
 use crate::allocation::table::{RegionUpdate, Table};
 use crate::clock::now_unix_ms;
@@ -27,8 +27,6 @@ use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
 use crate::rules::{Rule, RuleSet, Scope};
 use crate::tasks::Stop;
 
-/// Keys per rule in one report; the rest is summed into a remainder.
-pub const REPORT_TOP_KEYS: usize = 1_000;
 /// Distinct keys per rule counted between two reports; further keys only
 /// add to the rule's remainder, so a flood of random keys cannot grow memory.
 pub const MAX_TRACKED_KEYS: usize = 100_000;

@@ -122,11 +122,19 @@ pub fn load_cache(path: &Path) -> Option<Selection> {
 }
 
 /// Writes the selection atomically (temp file, fsync, rename): a crash leaves
-/// the old cache or the new one, never half of one.
+/// the old cache or the new one, never half of one. The file is 0600.
 pub fn save_cache(path: &Path, selection: &Selection) -> std::io::Result<()> {
     use std::io::Write;
     let tmp = path.with_extension("tmp");
-    let mut file = std::fs::File::create(&tmp)?;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    // Rules name customers and their limits: readable by this user only.
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(&tmp)?;
+    // A temp file left by an older build keeps its mode through `open`.
+    #[cfg(unix)]
+    file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     file.write_all(&serde_json::to_vec_pretty(selection).map_err(std::io::Error::other)?)?;
     file.sync_all()?;
     std::fs::rename(&tmp, path)
@@ -276,6 +284,12 @@ mod tests {
         };
         save_cache(&path, &s).expect("save");
         assert_eq!(load_cache(&path), Some(s));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "the rules cache is readable by others");
+        }
         std::fs::write(&path, "{broken").expect("write");
         assert_eq!(load_cache(&path), None);
     }

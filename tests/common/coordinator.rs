@@ -119,6 +119,8 @@ impl Cluster {
             options,
             dir,
         };
+        let token = cluster.dir.path().join("admin-token");
+        std::fs::write(&token, TOKEN).expect("write the admin token file");
         for id in 1..=n {
             cluster.define(id);
         }
@@ -168,7 +170,8 @@ impl Cluster {
             .arg(&node.data_dir)
             .args(["--raft-addr", &node.raft_addr])
             .args(["--http-addr", &node.http_addr])
-            .args(["--admin-token", TOKEN])
+            .arg("--admin-token-file")
+            .arg(self.dir.path().join("admin-token"))
             .args(["--heartbeat-ms", &o.heartbeat_ms.to_string()])
             .args(["--election-timeout-ms", &o.election_timeout_ms.to_string()])
             .args(["--snapshot-logs", &o.snapshot_logs.to_string()])
@@ -255,7 +258,8 @@ impl Cluster {
     /// GET a path on a node; `None` when the node does not answer.
     pub async fn get(&self, id: u64, path: &str) -> Option<(u16, Value)> {
         let url = format!("{}{path}", self.node(id).url());
-        let r = self.http.get(url).send().await.ok()?;
+        // The admin token also passes a `--read-token-file` check.
+        let r = self.http.get(url).bearer_auth(TOKEN).send().await.ok()?;
         let status = r.status().as_u16();
         Some((status, r.json().await.unwrap_or(Value::Null)))
     }

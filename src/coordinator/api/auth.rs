@@ -1,13 +1,20 @@
-//! What a write passes before its handler looks at it: the body, read within
-//! its size limit, and the admin bearer token.
+//! What a request passes before its handler looks at it: the bearer token,
+//! checked from the headers first, then the body, read within its size
+//! limit and deadline.
+
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use metrics::counter;
 use serde::Deserialize;
 use tokio_stream::StreamExt;
 
 use super::Api;
 use super::errors::ApiError;
+use super::listener::Peer;
 
 /// Largest request body accepted (a whole rule set); larger gets 413.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -16,38 +23,101 @@ pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 /// 413; beyond this the connection is simply closed.
 const DRAIN_LIMIT_BYTES: usize = 64 * 1024 * 1024;
 
-/// Checks `Authorization: Bearer <admin token>`.
-pub(super) fn authorize(api: &Api, headers: &HeaderMap) -> Result<(), ApiError> {
-    let given = headers
+/// A failed token check answers only after this long: a guesser gets a
+/// handful of tries per second per connection, and the connection cap bounds
+/// the connections.
+pub const AUTH_FAILURE_DELAY: Duration = Duration::from_millis(500);
+
+/// A request body must arrive within this long once its headers did (a slow
+/// body otherwise holds a connection, and its buffer, indefinitely).
+pub const BODY_DEADLINE: Duration = Duration::from_secs(10);
+
+/// A request that carries the admin token: checked from the headers alone,
+/// before anything reads the body.
+pub(super) struct Admin;
+
+impl FromRequestParts<Api> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, api: &Api) -> Result<Admin, ApiError> {
+        check_token(parts, &[api.node.admin_token.as_str()], "admin").await?;
+        Ok(Admin)
+    }
+}
+
+/// The body of an admin write, read (within [`MAX_BODY_BYTES`] and
+/// [`BODY_DEADLINE`]) only after the headers proved the admin token.
+pub(super) struct AdminBody(pub Bytes);
+
+impl FromRequest<Api> for AdminBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, api: &Api) -> Result<AdminBody, ApiError> {
+        let (mut parts, body) = request.into_parts();
+        check_token(&mut parts, &[api.node.admin_token.as_str()], "admin").await?;
+        match tokio::time::timeout(BODY_DEADLINE, read_body(body)).await {
+            Ok(bytes) => Ok(AdminBody(bytes?)),
+            Err(_) => Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {}s",
+                    BODY_DEADLINE.as_secs()
+                ),
+            )),
+        }
+    }
+}
+
+/// Checks `Authorization: Bearer <token>` against `accepted`. A refusal is
+/// logged with the peer and the route, counted in
+/// `meridian_coordinator_auth_failures_total{kind, reason}` and answered
+/// after [`AUTH_FAILURE_DELAY`].
+pub(super) async fn check_token(
+    parts: &mut Parts,
+    accepted: &[&str],
+    kind: &'static str,
+) -> Result<(), ApiError> {
+    let given = parts
+        .headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    let Some(given) = given else {
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "writes need an `Authorization: Bearer <admin token>` header",
-        ));
+    let refusal = match given {
+        None => {
+            let what = if kind == "admin" { "writes" } else { "reads" };
+            let message = format!("{what} need an `Authorization: Bearer <{kind} token>` header");
+            ("missing", message)
+        }
+        Some(given) if accepted.iter().any(|t| same(given, t)) => return Ok(()),
+        Some(_) => ("wrong", format!("wrong {kind} token")),
     };
-    // Compare every byte so the time taken does not reveal a matching prefix.
-    let expected = api.node.admin_token.as_bytes();
-    let same = given.len() == expected.len()
+    let peer = parts
+        .extensions
+        .get::<ConnectInfo<Peer>>()
+        .map(|c| c.0.0.to_string())
+        .unwrap_or_default();
+    tracing::warn!(%peer, path = %parts.uri.path(), reason = refusal.0, "{kind} request refused");
+    counter!("meridian_coordinator_auth_failures_total", "kind" => kind, "reason" => refusal.0)
+        .increment(1);
+    tokio::time::sleep(AUTH_FAILURE_DELAY).await;
+    Err(ApiError::new(StatusCode::UNAUTHORIZED, refusal.1))
+}
+
+/// Compares every byte, so the time taken does not reveal a matching prefix.
+fn same(given: &str, expected: &str) -> bool {
+    given.len() == expected.len()
         && given
             .bytes()
-            .zip(expected)
+            .zip(expected.bytes())
             .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0;
-    if same {
-        Ok(())
-    } else {
-        Err(ApiError::new(StatusCode::UNAUTHORIZED, "wrong admin token"))
-    }
+            == 0
 }
 
 /// Reads a request body of at most [`MAX_BODY_BYTES`]. A larger body is
 /// still read (and dropped) up to [`DRAIN_LIMIT_BYTES`] before the 413: a
 /// server that answers without reading the body closes the connection under
 /// the client, which then sees a reset instead of the JSON error.
-pub(super) async fn read_body(body: Body) -> Result<Bytes, ApiError> {
+async fn read_body(body: Body) -> Result<Bytes, ApiError> {
     let mut stream = body.into_data_stream();
     let mut kept = Vec::new();
     let mut total = 0usize;

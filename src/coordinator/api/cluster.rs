@@ -4,7 +4,6 @@
 use std::sync::atomic::Ordering;
 
 use axum::Json;
-use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -12,7 +11,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::Api;
-use super::auth::{authorize, parse_json, read_body};
+use super::auth::{Admin, AdminBody, parse_json};
 use super::errors::{ApiError, ApiResult};
 use super::read::Read;
 use super::write::submit;
@@ -91,10 +90,8 @@ struct AddNodeBody {
 pub(super) async fn add_node(
     State(api): State<Api>,
     headers: HeaderMap,
-    request_body: Body,
+    AdminBody(bytes): AdminBody,
 ) -> ApiResult {
-    let bytes = read_body(request_body).await?;
-    authorize(&api, &headers)?;
     let b: AddNodeBody = parse_json(&bytes)?;
     let write = Write::AddNode {
         id: b.id,
@@ -111,8 +108,8 @@ pub(super) async fn remove_node(
     State(api): State<Api>,
     Path(id): Path<String>,
     headers: HeaderMap,
+    _admin: Admin,
 ) -> ApiResult {
-    authorize(&api, &headers)?;
     let id: NodeId = id
         .parse()
         .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, format!("{id:?} is not a node id")))?;
@@ -125,11 +122,8 @@ pub(super) async fn remove_node(
 /// renders it for its client.
 pub(super) async fn internal_write(
     State(api): State<Api>,
-    headers: HeaderMap,
-    request_body: Body,
+    AdminBody(bytes): AdminBody,
 ) -> ApiResult {
-    let bytes = read_body(request_body).await?;
-    authorize(&api, &headers)?;
     let write: Write = parse_json(&bytes)?;
     let reply = api.node.write(write, true).await?;
     Ok(Json(reply).into_response())

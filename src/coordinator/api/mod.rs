@@ -12,6 +12,7 @@ mod allocations;
 mod auth;
 mod cluster;
 mod errors;
+mod listener;
 mod read;
 mod regions;
 mod rules;
@@ -28,6 +29,8 @@ use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
+
+pub use self::listener::{CappedListener, Peer};
 
 use self::errors::ApiError;
 use super::allocator::Allocator;
@@ -46,6 +49,9 @@ pub struct Api {
     pub prometheus: PrometheusHandle,
     /// `--shared-rule-floor`: see `validation::validate`.
     pub shared_rule_floor: f64,
+    /// `--read-token-file`: when set, every read needs it (or the admin
+    /// token); `None` leaves reads open.
+    pub read_token: Option<String>,
 }
 
 /// The admin API's routes, with request latency recorded per route.
@@ -129,6 +135,7 @@ async fn healthz(State(api): State<Api>) -> Response {
     };
     let body = json!({
         "status": if status == StatusCode::OK { "ok" } else { "raft stopped" },
+        "reason": metrics.running_state.as_ref().err().map(|fatal| fatal.to_string()),
         "node_id": api.node.id,
         "leader": metrics.current_leader,
         "term": metrics.current_term,

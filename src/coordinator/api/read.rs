@@ -10,6 +10,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 
+use super::auth::check_token;
 use super::errors::ApiError;
 use super::{Api, is_relayed};
 use crate::coordinator::node::{FORWARDED_HEADER, ReadError};
@@ -33,6 +34,12 @@ impl FromRequestParts<Api> for Read {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, api: &Api) -> Result<Read, Response> {
+        if let Some(read_token) = &api.read_token {
+            let accepted = [read_token.as_str(), api.node.admin_token.as_str()];
+            check_token(parts, &accepted, "read")
+                .await
+                .map_err(IntoResponse::into_response)?;
+        }
         let consistency = read_mode(api, &parts.uri, &parts.headers).await?;
         Ok(Read {
             consistency,
@@ -76,6 +83,8 @@ async fn relay_read(api: &Api, leader: &Member, uri: &Uri) -> Response {
         .http
         .get(url)
         .header(FORWARDED_HEADER, "1")
+        // Nodes share the admin token; it also passes a read token check.
+        .bearer_auth(&api.node.admin_token)
         .send()
         .await;
     let response = match answer {

@@ -2,7 +2,6 @@
 //! as the allocator splits global limits between them.
 
 use axum::Json;
-use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -10,7 +9,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::Api;
-use super::auth::{authorize, parse_json, read_body};
+use super::auth::{Admin, AdminBody, parse_json};
 use super::errors::{ApiError, ApiResult};
 use super::read::Read;
 use super::write::commit;
@@ -55,12 +54,7 @@ fn default_region_state() -> RegionState {
 }
 
 fn check_region_name(name: &str) -> Result<(), ApiError> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
-    if ok {
+    if crate::coordinator::report::valid_region_name(name) {
         Ok(())
     } else {
         Err(ApiError::new(
@@ -77,10 +71,8 @@ pub(super) async fn put_region(
     State(api): State<Api>,
     Path(name): Path<String>,
     headers: HeaderMap,
-    request_body: Body,
+    AdminBody(bytes): AdminBody,
 ) -> ApiResult {
-    let bytes = read_body(request_body).await?;
-    authorize(&api, &headers)?;
     check_region_name(&name)?;
     let b: RegionBody = parse_json(&bytes)?;
     if !(b.weight.is_finite() && b.weight > 0.0) {
@@ -108,7 +100,7 @@ pub(super) async fn delete_region(
     State(api): State<Api>,
     Path(name): Path<String>,
     headers: HeaderMap,
+    _admin: Admin,
 ) -> ApiResult {
-    authorize(&api, &headers)?;
     commit(&api, &headers, Command::DeleteRegion { name }).await
 }

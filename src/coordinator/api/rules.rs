@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 
 use axum::Json;
-use axum::body::Body;
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -14,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::Api;
-use super::auth::{authorize, parse_json, read_body};
+use super::auth::{AdminBody, parse_json};
 use super::errors::{ApiError, ApiResult};
 use super::read::Read;
 use super::write::commit;
@@ -119,10 +118,8 @@ struct PutRulesBody {
 pub(super) async fn put_rules(
     State(api): State<Api>,
     headers: HeaderMap,
-    request_body: Body,
+    AdminBody(bytes): AdminBody,
 ) -> ApiResult {
-    let bytes = read_body(request_body).await?;
-    authorize(&api, &headers)?;
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
@@ -235,10 +232,8 @@ struct RollbackBody {
 pub(super) async fn rollback(
     State(api): State<Api>,
     headers: HeaderMap,
-    request_body: Body,
+    AdminBody(bytes): AdminBody,
 ) -> ApiResult {
-    let bytes = read_body(request_body).await?;
-    authorize(&api, &headers)?;
     let b: RollbackBody = if bytes.iter().all(u8::is_ascii_whitespace) {
         RollbackBody::default()
     } else {
@@ -270,10 +265,8 @@ struct RolloutBody {
 pub(super) async fn rollout(
     State(api): State<Api>,
     headers: HeaderMap,
-    request_body: Body,
+    AdminBody(bytes): AdminBody,
 ) -> ApiResult {
-    let bytes = read_body(request_body).await?;
-    authorize(&api, &headers)?;
     let b: RolloutBody = parse_json(&bytes)?;
     let stage = StageInput {
         stage: Some(b.stage),

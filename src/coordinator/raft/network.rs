@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use openraft::Vote;
 use openraft::error::{
     Infallible, InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
 };
@@ -193,10 +194,46 @@ fn encode<T: Serialize>(reply: &T) -> Result<Response<RaftPayload>, Status> {
         .map_err(|e| Status::internal(format!("encoding Raft reply: {e}")))
 }
 
+/// No real cluster reaches this term (an election a millisecond for 100
+/// million years); a vote beyond it is forged, and near `u64::MAX` it would
+/// overflow the next election's increment and stop the Raft core for good.
+pub const MAX_TERM: u64 = 1 << 62;
+
+impl RaftService {
+    /// Refuses an RPC whose sender claims a term no cluster reaches, or is
+    /// not a member of this node's cluster. A node not yet in any cluster (a
+    /// learner being added) takes RPCs from whoever adds it.
+    fn admit(&self, kind: &str, vote: &Vote<NodeId>) -> Result<(), Status> {
+        let sender = vote.leader_id().node_id;
+        let term = vote.leader_id().term;
+        let refusal = if term >= MAX_TERM {
+            Some(format!(
+                "term {term} is beyond any real election (at most {MAX_TERM})"
+            ))
+        } else {
+            let metrics = self.raft.metrics().borrow().clone();
+            let membership = metrics.membership_config.membership();
+            let known = membership.nodes().any(|(id, _)| *id == sender);
+            let empty = membership.nodes().next().is_none();
+            (!known && !empty).then(|| format!("node {sender} is not a member of this cluster"))
+        };
+        match refusal {
+            None => Ok(()),
+            Some(reason) => {
+                tracing::warn!(rpc = kind, %reason, "Raft RPC refused");
+                metrics::counter!("meridian_coordinator_raft_rpcs_refused_total", "rpc" => kind.to_string())
+                    .increment(1);
+                Err(Status::permission_denied(reason))
+            }
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl raft_server::Raft for RaftService {
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let rpc: VoteRequest<NodeId> = decode(request)?;
+        self.admit("vote", &rpc.vote)?;
         encode(&self.raft.vote(rpc).await)
     }
 
@@ -205,6 +242,7 @@ impl raft_server::Raft for RaftService {
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
         let rpc: AppendEntriesRequest<TypeConfig> = decode(request)?;
+        self.admit("append_entries", &rpc.vote)?;
         encode(&self.raft.append_entries(rpc).await)
     }
 
@@ -213,6 +251,7 @@ impl raft_server::Raft for RaftService {
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
         let rpc: InstallSnapshotRequest<TypeConfig> = decode(request)?;
+        self.admit("install_snapshot", &rpc.vote)?;
         encode(&self.raft.install_snapshot(rpc).await)
     }
 }
