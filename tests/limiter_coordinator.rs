@@ -172,3 +172,99 @@ async fn limiter_enforces_new_versions_within_a_second_and_outlives_the_coordina
     wait_for_limit(&limiter, 11, Duration::from_secs(5)).await;
     assert_eq!(admitted(&limiter, "carol", 13).await, 11);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limiter_pointed_at_an_empty_node_keeps_its_rules_and_its_cache() {
+    let redis = RedisServer::start();
+    let cache_dir = tempfile::tempdir().expect("temp dir");
+    let cache = cache_dir.path().join("rules-cache.json");
+    let start = |coordinators: &[String]| {
+        let mut args = vec![
+            "--redis".to_string(),
+            redis.url(),
+            "--region".into(),
+            "mumbai".into(),
+            "--rules-cache".into(),
+            cache.display().to_string(),
+        ];
+        for url in coordinators {
+            args.extend(["--coordinator".to_string(), url.clone()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        LimiterProcess::start_without_rules(&args)
+    };
+    // Rules from the real cluster, cached.
+    {
+        let cluster = Cluster::start(1, Options::default()).await;
+        let (status, body) = cluster.put_text(1, &rules(3)).await;
+        assert_eq!(status, 200, "{body}");
+        let limiter = start(&[cluster.node(1).grpc_url()]);
+        wait_for_limit(&limiter, 3, Duration::from_secs(10)).await;
+    }
+    let cached = std::fs::read(&cache).expect("the rules cache was written");
+
+    // Then only an empty cluster answers: a node initialised with no rule set.
+    let empty = Cluster::start(1, Options::default()).await;
+    let limiter = start(&[empty.node(1).grpc_url()]);
+    wait_for_limit(&limiter, 3, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        probe(&limiter, "after").await.map(|p| p.0),
+        Some(3),
+        "the limiter dropped its rules for an empty node's \"no version\""
+    );
+    assert_eq!(
+        std::fs::read(&cache).expect("cache"),
+        cached,
+        "the empty node's state overwrote the rules cache"
+    );
+
+    // A node in no cluster at all serves no watch.
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("token"), common::coordinator::TOKEN).expect("token");
+    let port = |l: std::net::TcpListener| l.local_addr().map(|a| a.port()).unwrap_or(0);
+    let raft = port(std::net::TcpListener::bind("127.0.0.1:0").expect("port"));
+    let http = port(std::net::TcpListener::bind("127.0.0.1:0").expect("port"));
+    let mut lone = std::process::Command::new(common::meridian_bin())
+        .arg("coordinator")
+        .args(["--id", "9", "--raft-addr", &format!("127.0.0.1:{raft}")])
+        .args(["--http-addr", &format!("127.0.0.1:{http}")])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--admin-token-file")
+        .arg(dir.path().join("token"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn a lone coordinator");
+    let url = format!("http://127.0.0.1:{raft}");
+    let mut answer = None;
+    for _ in 0..100 {
+        if let Ok(mut client) =
+            meridian::proto::meridian::v1::coordinator_client::CoordinatorClient::connect(
+                url.clone(),
+            )
+            .await
+        {
+            let request = meridian::proto::meridian::v1::WatchRequest {
+                region: "mumbai".into(),
+                pod: "p".into(),
+            };
+            answer = Some(
+                client
+                    .watch(request)
+                    .await
+                    .map(|_| ())
+                    .map_err(|s| s.code()),
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = lone.kill();
+    let _ = lone.wait();
+    assert_eq!(
+        answer,
+        Some(Err(tonic::Code::Unavailable)),
+        "a node in no cluster served a watch"
+    );
+}

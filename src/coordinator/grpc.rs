@@ -10,6 +10,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::allocator::{Allocator, FORWARDED};
+use super::raft::Raft;
 use super::raft::storage::Applied;
 use super::state::{RuleSetVersion, Stage};
 use crate::allocation::Allocations;
@@ -20,18 +21,48 @@ use crate::proto::meridian::v1::coordinator_server;
 /// Serves the watch streams from the node's applied state; hands reports to
 /// the allocator (which relays them to the leader).
 pub struct CoordinatorService {
-    /// Read by the rule and allocation watch streams; written only by the state machine.
     applied: watch::Receiver<Arc<Applied>>,
-    /// Takes the pods' reports (relayed to the leader's allocation loop).
     allocator: Arc<Allocator>,
+    /// Whether this node is in a cluster and hears a leader: a node that is
+    /// not serves no watch, so a limiter never follows an empty node.
+    raft: Raft,
 }
 
 impl CoordinatorService {
     pub fn server(
         applied: watch::Receiver<Arc<Applied>>,
         allocator: Arc<Allocator>,
+        raft: Raft,
     ) -> coordinator_server::CoordinatorServer<CoordinatorService> {
-        coordinator_server::CoordinatorServer::new(CoordinatorService { applied, allocator })
+        coordinator_server::CoordinatorServer::new(CoordinatorService {
+            applied,
+            allocator,
+            raft,
+        })
+    }
+
+    /// `Ok` when this node may serve a watch: it is a member of a cluster and
+    /// knows the leader, so what it applied is the cluster's, not an empty
+    /// node's "no version" or a cut-off node's stale state.
+    fn serving(&self) -> Result<(), Status> {
+        let metrics = self.raft.metrics().borrow().clone();
+        if metrics
+            .membership_config
+            .membership()
+            .nodes()
+            .next()
+            .is_none()
+        {
+            return Err(Status::unavailable(
+                "this node is in no cluster yet (not initialised or joined); watch another",
+            ));
+        }
+        if metrics.current_leader.is_none() {
+            return Err(Status::unavailable(
+                "this node knows no leader (an election, or it is cut off); watch another",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -90,6 +121,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<pb::WatchRulesRequest>,
     ) -> Result<Response<Self::WatchRulesStream>, Status> {
+        self.serving()?;
         let region = request.into_inner().region;
         tracing::info!(%region, "limiter watching rules");
         let mut applied = self.applied.clone();
@@ -121,6 +153,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        self.serving()?;
         let pb::WatchRequest { region, pod } = request.into_inner();
         if region.is_empty() {
             return Err(Status::invalid_argument("region must not be empty"));

@@ -405,6 +405,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         .add_service(CoordinatorService::server(
             applied.clone(),
             Arc::clone(&allocator),
+            raft.clone(),
         ));
     tasks.spawn_with_stop("gRPC server", move |stop| async move {
         let incoming = tonic::transport::server::TcpIncoming::from(grpc_listener);

@@ -160,6 +160,12 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
         || std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
         std::num::NonZeroUsize::get,
     );
+    // What the coordinator feed starts from: the cached rules, if any.
+    let mut held = rule_feed::Selection {
+        enforce: None,
+        shadow: None,
+        applied_index: 0,
+    };
     let rules = if args.coordinator.is_empty() {
         Arc::new(RuleSource::from_files(args.config.clone())?)
     } else {
@@ -175,6 +181,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
                 version = cached.enforce.as_ref().map(|v| v.number),
                 "enforcing cached rules until a coordinator answers"
             );
+            held = cached;
         }
         source
     };
@@ -269,6 +276,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
                 pod: pod.clone(),
                 cache: args.rules_cache.clone(),
                 global: global.clone(),
+                held: std::sync::Mutex::new(held),
             };
             control.spawn("coordinator feed", feed.run(rules.clone(), on_change));
         }

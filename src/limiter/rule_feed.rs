@@ -25,6 +25,54 @@ use crate::rules::{RuleFile, RuleSet};
 pub struct Selection {
     pub enforce: Option<CachedVersion>,
     pub shadow: Option<CachedVersion>,
+    /// The coordinator's Raft log index the update was read at: a limiter
+    /// takes no update read at an older one (a lagging or empty node). 0 in
+    /// caches written before it was recorded.
+    #[serde(default)]
+    pub applied_index: u64,
+}
+
+/// Why a rule update is not taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The node has no rule set, while this limiter enforces one: an empty
+    /// node (new, not joined, or of another cluster) — never "drop all rules".
+    NoVersion { held: u64 },
+    /// The node is behind what this limiter already applied.
+    Behind { index: u64, held: u64 },
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::NoVersion { held } => write!(
+                f,
+                "the coordinator has no rule set (an empty node?) while this limiter enforces version {held}"
+            ),
+            Refusal::Behind { index, held } => write!(
+                f,
+                "the coordinator is behind: its rules are from log index {index}, this limiter applied {held}"
+            ),
+        }
+    }
+}
+
+/// Whether `next` may replace `held` (what the limiter enforces now): never
+/// "no version" over a version, never an update read at an older log index.
+pub fn admit(held: &Selection, next: &Selection) -> Result<(), Refusal> {
+    if let Some(v) = &held.enforce
+        && next.enforce.is_none()
+        && next.shadow.is_none()
+    {
+        return Err(Refusal::NoVersion { held: v.number });
+    }
+    if next.applied_index < held.applied_index {
+        return Err(Refusal::Behind {
+            index: next.applied_index,
+            held: held.applied_index,
+        });
+    }
+    Ok(())
 }
 
 /// A rule-set version as the limiter keeps it (and writes it to its cache).
@@ -64,10 +112,12 @@ impl CachedVersion {
 /// → the current version in canary regions, the stable one elsewhere;
 /// `shadow` → the stable version, with the current one in shadow beside it.
 pub fn select(update: &RuleSetUpdate, region: &str) -> Selection {
+    let applied_index = update.applied_index;
     let Some(current) = &update.current else {
         return Selection {
             enforce: None,
             shadow: None,
+            applied_index,
         };
     };
     let stable = update.stable.as_ref().map(CachedVersion::from_proto);
@@ -76,18 +126,22 @@ pub fn select(update: &RuleSetUpdate, region: &str) -> Selection {
         RolloutStage::All | RolloutStage::Unspecified => Selection {
             enforce: Some(current_version),
             shadow: None,
+            applied_index,
         },
         RolloutStage::Canary if current.canary_regions.iter().any(|r| r == region) => Selection {
             enforce: Some(current_version),
             shadow: None,
+            applied_index,
         },
         RolloutStage::Canary => Selection {
             enforce: stable,
             shadow: None,
+            applied_index,
         },
         RolloutStage::Shadow => Selection {
             enforce: stable,
             shadow: Some(current_version),
+            applied_index,
         },
     }
 }
@@ -154,6 +208,10 @@ pub struct Feed {
     pub cache: PathBuf,
     /// Where the allocations that arrive on the stream are applied.
     pub global: Arc<Global>,
+    /// What this limiter enforces now (from its cache at start, then from
+    /// every update it took): the fence [`admit`] holds updates against.
+    /// `std` mutex: read and replaced between awaits, never held across one.
+    pub held: std::sync::Mutex<Selection>,
 }
 
 impl Feed {
@@ -165,7 +223,7 @@ impl Feed {
             match self.follow(url, &source, &on_change).await {
                 Ok(()) => tracing::warn!(%url, "coordinator closed the rule stream"),
                 Err(e) => {
-                    tracing::warn!(%url, error = %e, "coordinator unreachable; keeping the last rules")
+                    tracing::warn!(%url, error = %e, "not following this coordinator; keeping the last rules")
                 }
             }
             counter!("meridian_coordinator_stream_failures_total").increment(1);
@@ -192,29 +250,35 @@ impl Feed {
             .await?
             .into_inner();
         tracing::info!(%url, "following the coordinator's rules and allocations");
-        let mut last: Option<Selection> = None;
         while let Some(update) = stream.next().await {
             let update = update?;
             if let Some(rules) = &update.rules {
                 let selection = select(rules, &self.region);
-                if last.as_ref() != Some(&selection) {
-                    match apply(source, &selection) {
-                        Ok(()) => {
-                            on_change();
-                            tracing::info!(
-                                version = selection.enforce.as_ref().map(|v| v.number),
-                                shadow = selection.shadow.as_ref().map(|v| v.number),
-                                "rules from the coordinator applied"
-                            );
-                            if let Err(e) = save_cache(&self.cache, &selection) {
-                                tracing::warn!(path = %self.cache.display(), error = %e, "cannot write the rules cache");
-                            }
-                            last = Some(selection);
-                        }
-                        Err(e) => {
-                            tracing::error!(error = %e, "coordinator sent rules this limiter rejects")
-                        }
+                let held = self.held.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                if let Err(refusal) = admit(&held, &selection) {
+                    // Neither its rules nor its allocations: try another node.
+                    counter!("meridian_rule_updates_refused_total").increment(1);
+                    return Err(refusal.to_string().into());
+                }
+                let changed =
+                    (&held.enforce, &held.shadow) != (&selection.enforce, &selection.shadow);
+                if changed {
+                    if let Err(e) = apply(source, &selection) {
+                        tracing::error!(error = %e, "coordinator sent rules this limiter rejects");
+                        continue;
                     }
+                    on_change();
+                    tracing::info!(
+                        version = selection.enforce.as_ref().map(|v| v.number),
+                        shadow = selection.shadow.as_ref().map(|v| v.number),
+                        "rules from the coordinator applied"
+                    );
+                }
+                if changed || selection.applied_index > held.applied_index {
+                    if let Err(e) = save_cache(&self.cache, &selection) {
+                        tracing::warn!(path = %self.cache.display(), error = %e, "cannot write the rules cache");
+                    }
+                    *self.held.lock().unwrap_or_else(|p| p.into_inner()) = selection;
                 }
             }
             // After the rules: a new global rule's window must be known.
@@ -272,6 +336,46 @@ mod tests {
     }
 
     #[test]
+    fn no_version_and_older_updates_never_replace_what_is_enforced() {
+        let held = select(
+            &RuleSetUpdate {
+                current: Some(version(4, RolloutStage::All, &[])),
+                stable: None,
+                applied_index: 20,
+            },
+            "mumbai",
+        );
+        let empty = select(&RuleSetUpdate::default(), "mumbai");
+        assert_eq!(admit(&held, &empty), Err(Refusal::NoVersion { held: 4 }));
+        let behind = select(
+            &RuleSetUpdate {
+                current: Some(version(3, RolloutStage::All, &[])),
+                stable: None,
+                applied_index: 12,
+            },
+            "mumbai",
+        );
+        assert_eq!(
+            admit(&held, &behind),
+            Err(Refusal::Behind {
+                index: 12,
+                held: 20
+            })
+        );
+        let newer = select(
+            &RuleSetUpdate {
+                current: Some(version(5, RolloutStage::Shadow, &[])),
+                stable: Some(version(4, RolloutStage::All, &[])),
+                applied_index: 25,
+            },
+            "mumbai",
+        );
+        assert_eq!(admit(&held, &newer), Ok(()));
+        // A limiter that never had rules takes a node's "no version".
+        assert_eq!(admit(&empty, &empty), Ok(()));
+    }
+
+    #[test]
     fn cache_round_trips_atomically() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("rules-cache.json");
@@ -281,6 +385,7 @@ mod tests {
                 files: vec![("a.yaml".into(), "domain: a\n".into())],
             }),
             shadow: None,
+            applied_index: 7,
         };
         save_cache(&path, &s).expect("save");
         assert_eq!(load_cache(&path), Some(s));
