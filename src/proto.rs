@@ -36,6 +36,14 @@ pub mod envoy {
     }
 }
 
+/// The largest request a limiter sends a coordinator (a report: real ones
+/// are kilobytes; the bounds a coordinator checks keep them far below).
+pub const MAX_REPORT_BYTES: usize = 16 * 1024 * 1024;
+/// The largest message a coordinator streams to a limiter: a region's
+/// snapshot with every rule's key entries fits many times over. Both ends
+/// set it, so neither falls back to tonic's 4 MiB default.
+pub const MAX_UPDATE_BYTES: usize = 64 * 1024 * 1024;
+
 /// Meridian's own APIs: the limiter (`Limiter`) and, with the coordinator, its services.
 pub mod meridian {
     // Generated: the .proto comments become the docs, where they exist.

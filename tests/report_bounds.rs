@@ -1,7 +1,8 @@
-//! Reports that could grow the coordinator's memory or make up regions are
-//! refused whole, and nothing of them is kept: a region nobody registered,
-//! a 200 KB region name holding markup and a NUL, a rule with more keys than
-//! a limiter ever sends.
+//! The control plane's bounds. Reports that could grow the coordinator's
+//! memory or make up regions are refused whole, and nothing of them is kept:
+//! a region nobody registered, a 200 KB region name holding markup and a NUL,
+//! a rule with more keys than a limiter ever sends. Watch streams beyond a
+//! node's cap are refused, and a closed one frees its place.
 
 mod common;
 
@@ -93,4 +94,61 @@ async fn reports_from_unregistered_regions_or_beyond_their_bounds_are_refused() 
             >= 3.0,
         "refusals not counted"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_streams_beyond_the_cap_are_refused_until_one_closes() {
+    let options = Options {
+        extra_args: vec!["--max-watch-streams".into(), "3".into()],
+        ..Options::default()
+    };
+    let cluster = Cluster::start(1, options).await;
+    let (status, body) = cluster
+        .send(
+            1,
+            reqwest::Method::PUT,
+            "/api/v1/regions/mumbai",
+            Some(json!({ "weight": 1.0 })),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let channel = match tonic::transport::Endpoint::from_shared(cluster.node(1).grpc_url()) {
+        Ok(e) => e.connect_lazy(),
+        Err(e) => panic!("endpoint: {e}"),
+    };
+    let watch = |pod: &str| {
+        let mut client = CoordinatorClient::new(channel.clone());
+        let request = pb::WatchRequest {
+            region: "mumbai".into(),
+            pod: pod.into(),
+        };
+        async move { client.watch(request).await.map(|r| r.into_inner()) }
+    };
+    let mut open = Vec::new();
+    for i in 0..3 {
+        match watch(&format!("p-{i}")).await {
+            Ok(stream) => open.push(stream),
+            Err(s) => panic!("stream {i} refused under the cap: {s}"),
+        }
+    }
+    let refused = watch("p-3")
+        .await
+        .err()
+        .map(|s| (s.code(), s.message().to_string()));
+    assert!(
+        matches!(&refused, Some((tonic::Code::ResourceExhausted, m)) if m.contains("at most 3")),
+        "a fourth stream was served: {refused:?}"
+    );
+    drop(open.pop());
+    // The node notices the closed stream when it next writes to it or the
+    // connection resets; within a few seconds the place is free.
+    let mut served = false;
+    for _ in 0..50 {
+        if watch("p-4").await.is_ok() {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(served, "a closed stream's place was never freed");
 }

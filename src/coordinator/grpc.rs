@@ -1,6 +1,8 @@
 //! The `meridian.v1.Coordinator` gRPC service limiters use, served by every
 //! node from its own applied state.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -13,7 +15,7 @@ use super::allocator::{Allocator, FORWARDED};
 use super::raft::Raft;
 use super::raft::storage::Applied;
 use super::state::{RuleSetVersion, Stage};
-use crate::allocation::Allocations;
+use crate::allocation::Epoch;
 use crate::allocation::table::region_update;
 use crate::proto::meridian::v1 as pb;
 use crate::proto::meridian::v1::coordinator_server;
@@ -26,6 +28,11 @@ pub struct CoordinatorService {
     /// Whether this node is in a cluster and hears a leader: a node that is
     /// not serves no watch, so a limiter never follows an empty node.
     raft: Raft,
+    /// Open watch streams, capped in all and per client address.
+    streams: Arc<Streams>,
+    /// The allocation updates of the latest epochs, computed once per
+    /// (from, to, region) and shared by every stream that sends them.
+    updates: Arc<UpdateCache>,
 }
 
 impl CoordinatorService {
@@ -33,12 +40,17 @@ impl CoordinatorService {
         applied: watch::Receiver<Arc<Applied>>,
         allocator: Arc<Allocator>,
         raft: Raft,
+        limits: StreamLimits,
     ) -> coordinator_server::CoordinatorServer<CoordinatorService> {
         coordinator_server::CoordinatorServer::new(CoordinatorService {
             applied,
             allocator,
             raft,
+            streams: Arc::new(Streams::new(limits)),
+            updates: Arc::new(UpdateCache::default()),
         })
+        .max_decoding_message_size(crate::proto::MAX_REPORT_BYTES)
+        .max_encoding_message_size(crate::proto::MAX_UPDATE_BYTES)
     }
 
     /// `Ok` when this node may serve a watch: it is a member of a cluster and
@@ -122,11 +134,13 @@ impl coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::WatchRulesRequest>,
     ) -> Result<Response<Self::WatchRulesStream>, Status> {
         self.serving()?;
+        let slot = self.streams.open(request.remote_addr())?;
         let region = request.into_inner().region;
         tracing::info!(%region, "limiter watching rules");
         let mut applied = self.applied.clone();
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
+            let _slot = slot;
             let mut last_sent = None;
             loop {
                 let next = update(&applied.borrow_and_update());
@@ -154,18 +168,25 @@ impl coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         self.serving()?;
+        let slot = self.streams.open(request.remote_addr())?;
         let pb::WatchRequest { region, pod } = request.into_inner();
-        if region.is_empty() {
-            return Err(Status::invalid_argument("region must not be empty"));
+        if !super::report::valid_region_name(&region) || pod.len() > super::report::MAX_POD_NAME {
+            return Err(Status::invalid_argument(
+                "region must be a region name (1–64 characters of a-z, 0-9, '-' or '_') and pod at most 253 bytes",
+            ));
         }
+        let updates = Arc::clone(&self.updates);
         tracing::info!(%region, %pod, "limiter watching rules and allocations");
         let mut applied = self.applied.clone();
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
+            let _slot = slot;
             let mut rules_sent = None;
-            // What this stream last sent of the allocations, to send only
-            // what changed since (several epochs may pass between wakes).
-            let mut allocations_sent: Option<Allocations> = None;
+            // The applied state this stream last sent allocations from, to
+            // send only what changed since (several epochs may pass between
+            // wakes). An `Arc` of the node's own state, not a copy: every
+            // stream that sent one epoch shares it.
+            let mut allocations_sent: Option<Arc<Applied>> = None;
             loop {
                 let state = applied.borrow_and_update().clone();
                 let rules = update(&state);
@@ -173,16 +194,16 @@ impl coordinator_server::Coordinator for CoordinatorService {
                 let rules = (rules_sent.as_ref() != Some(&key)).then_some(rules);
                 let current = &state.registry.allocations;
                 let allocations = match &allocations_sent {
-                    None => region_update(current, &region, None),
-                    Some(sent) if sent.epoch < current.epoch => {
-                        region_update(current, &region, Some(&sent.diff(current)))
+                    None => updates.get(None, &state, &region),
+                    Some(sent) if sent.registry.allocations.epoch < current.epoch => {
+                        updates.get(Some(sent), &state, &region)
                     }
                     Some(_) => None,
                 };
                 if rules.is_some() || allocations.is_some() {
                     let message = pb::WatchUpdate {
                         rules,
-                        allocations: allocations.as_ref().map(pb::AllocationUpdate::from),
+                        allocations: allocations.map(|a| (*a).clone()),
                     };
                     if tx.send(Ok(message)).await.is_err() {
                         break;
@@ -191,9 +212,9 @@ impl coordinator_server::Coordinator for CoordinatorService {
                 }
                 if allocations_sent
                     .as_ref()
-                    .is_none_or(|s| s.epoch < current.epoch)
+                    .is_none_or(|s| s.registry.allocations.epoch < current.epoch)
                 {
-                    allocations_sent = Some(current.clone());
+                    allocations_sent = Some(state.clone());
                 }
                 tokio::select! {
                     changed = applied.changed() => if changed.is_err() { break },
@@ -215,5 +236,162 @@ impl coordinator_server::Coordinator for CoordinatorService {
             .report(request.into_inner(), forwarded)
             .await?;
         Ok(Response::new(pb::ReportReply { epoch }))
+    }
+}
+
+/// How many watch streams a node serves.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamLimits {
+    /// In all (`--max-watch-streams`).
+    pub total: usize,
+    /// From one client address (`--max-watch-streams-per-client`).
+    pub per_client: usize,
+}
+
+/// The open watch streams, by client address.
+pub struct Streams {
+    limits: StreamLimits,
+    /// `std` mutex: held to bump a count, never across an `.await`.
+    open: std::sync::Mutex<(usize, HashMap<IpAddr, usize>)>,
+}
+
+/// One open stream's place; dropping it (the stream ends) frees it.
+pub struct StreamSlot {
+    streams: Arc<Streams>,
+    client: Option<IpAddr>,
+}
+
+impl Streams {
+    fn new(limits: StreamLimits) -> Streams {
+        Streams {
+            limits,
+            open: std::sync::Mutex::new((0, HashMap::new())),
+        }
+    }
+
+    /// A slot for a new stream from `client`, or `RESOURCE_EXHAUSTED` naming
+    /// the cap it would break.
+    fn open(self: &Arc<Self>, client: Option<std::net::SocketAddr>) -> Result<StreamSlot, Status> {
+        let client = client.map(|a| a.ip());
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if open.0 >= self.limits.total {
+            metrics::counter!("meridian_coordinator_watch_refused_total", "cap" => "total")
+                .increment(1);
+            return Err(Status::resource_exhausted(format!(
+                "this node serves at most {} watch streams; watch another node",
+                self.limits.total
+            )));
+        }
+        if let Some(ip) = client {
+            let mine = open.1.entry(ip).or_insert(0);
+            if *mine >= self.limits.per_client {
+                metrics::counter!("meridian_coordinator_watch_refused_total", "cap" => "per_client")
+                    .increment(1);
+                return Err(Status::resource_exhausted(format!(
+                    "{ip} holds {} watch streams, the most one client may",
+                    self.limits.per_client
+                )));
+            }
+            *mine += 1;
+        }
+        open.0 += 1;
+        metrics::gauge!("meridian_coordinator_watch_streams").set(open.0 as f64);
+        Ok(StreamSlot {
+            streams: Arc::clone(self),
+            client,
+        })
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut open = self.streams.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.0 = open.0.saturating_sub(1);
+        if let Some(ip) = self.client
+            && let Some(n) = open.1.get_mut(&ip)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.1.remove(&ip);
+            }
+        }
+        metrics::gauge!("meridian_coordinator_watch_streams").set(open.0 as f64);
+    }
+}
+
+/// The epoch a stream last sent (`None`: none yet) and its region.
+type UpdateKey = (Option<Epoch>, String);
+/// What such a stream sends (`None`: nothing for its region).
+type SharedUpdate = Option<Arc<pb::AllocationUpdate>>;
+
+/// Allocation updates for the newest epoch, keyed by the epoch a stream
+/// last sent (`None`: it needs a snapshot) and its region. Cleared when the
+/// epoch moves, so it holds one epoch's worth: a few entries per region.
+#[derive(Default)]
+pub struct UpdateCache {
+    /// `std` mutex: held while one update is computed, never across an `.await`.
+    entries: std::sync::Mutex<(Epoch, HashMap<UpdateKey, SharedUpdate>)>,
+}
+
+impl UpdateCache {
+    /// What a stream for `region` that last sent `sent` sends now that
+    /// `state` is applied.
+    fn get(
+        &self,
+        sent: Option<&Arc<Applied>>,
+        state: &Applied,
+        region: &str,
+    ) -> Option<Arc<pb::AllocationUpdate>> {
+        let current = &state.registry.allocations;
+        let from = sent.map(|s| s.registry.allocations.epoch);
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if entries.0 != current.epoch {
+            *entries = (current.epoch, HashMap::new());
+        }
+        if let Some(update) = entries.1.get(&(from, region.to_string())) {
+            return update.clone();
+        }
+        let update = match sent {
+            None => region_update(current, region, None),
+            Some(s) => region_update(current, region, Some(&s.registry.allocations.diff(current))),
+        }
+        .map(|u| Arc::new(pb::AllocationUpdate::from(&u)));
+        entries.1.insert((from, region.to_string()), update.clone());
+        update
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_are_capped_in_all_and_per_client_and_slots_free_on_drop() {
+        let streams = Arc::new(Streams::new(StreamLimits {
+            total: 3,
+            per_client: 2,
+        }));
+        let a: std::net::SocketAddr = "10.0.0.1:5000".parse().expect("addr");
+        let b: std::net::SocketAddr = "10.0.0.2:5000".parse().expect("addr");
+        let first = streams.open(Some(a)).expect("a 1");
+        let _second = streams.open(Some(a)).expect("a 2");
+        let refused = streams.open(Some(a)).err().map(|s| s.code());
+        assert_eq!(
+            refused,
+            Some(tonic::Code::ResourceExhausted),
+            "a third from one client"
+        );
+        let _third = streams.open(Some(b)).expect("b 1");
+        let refused = streams.open(Some(b)).err().map(|s| s.code());
+        assert_eq!(
+            refused,
+            Some(tonic::Code::ResourceExhausted),
+            "a fourth in all"
+        );
+        drop(first);
+        assert!(
+            streams.open(Some(b)).is_ok(),
+            "a closed stream's slot was not freed"
+        );
     }
 }

@@ -146,6 +146,14 @@ pub struct CoordinatorArgs {
     /// off by default — shrink before grow already keeps the sum safe.
     #[arg(long)]
     pub max_shift: Option<f64>,
+    /// Most watch streams (limiters following rules and allocations) this
+    /// node serves at once; more are refused with RESOURCE_EXHAUSTED and the
+    /// limiter tries another node.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_watch_streams: usize,
+    /// Most watch streams from one client address.
+    #[arg(long, default_value_t = 1_000)]
+    pub max_watch_streams_per_client: usize,
     /// Register a region the first time its limiters report (weight 1).
     /// For development and the demo: otherwise an admin registers regions
     /// (PUT /api/v1/regions/NAME) and reports from others are refused, so
@@ -406,6 +414,10 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
             applied.clone(),
             Arc::clone(&allocator),
             raft.clone(),
+            grpc::StreamLimits {
+                total: args.max_watch_streams,
+                per_client: args.max_watch_streams_per_client,
+            },
         ));
     tasks.spawn_with_stop("gRPC server", move |stop| async move {
         let incoming = tonic::transport::server::TcpIncoming::from(grpc_listener);

@@ -551,7 +551,8 @@ impl Reports {
                                 e.connect_timeout(Duration::from_secs(1))
                                     .timeout(Duration::from_secs(3))
                                     .connect_lazy(),
-                            );
+                            )
+                            .max_encoding_message_size(crate::proto::MAX_REPORT_BYTES);
                             self.client = Some(c.clone());
                             c
                         }

@@ -243,6 +243,7 @@ impl Feed {
             .connect()
             .await?;
         let mut stream = CoordinatorClient::new(channel)
+            .max_decoding_message_size(crate::proto::MAX_UPDATE_BYTES)
             .watch(WatchRequest {
                 region: self.region.clone(),
                 pod: self.pod.clone(),
