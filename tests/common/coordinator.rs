@@ -3,7 +3,6 @@
 //! SIGKILL when the cluster handle drops (also when a test panics).
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -39,13 +38,6 @@ impl Default for Options {
             extra_args: Vec::new(),
         }
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }
 
 /// One node: its ports stay fixed across restarts, its data dir persists.
@@ -121,6 +113,12 @@ impl Cluster {
         };
         let token = cluster.dir.path().join("admin-token");
         std::fs::write(&token, TOKEN).expect("write the admin token file");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let private = std::fs::Permissions::from_mode(0o600);
+            std::fs::set_permissions(&token, private).expect("chmod the admin token file");
+        }
         for id in 1..=n {
             cluster.define(id);
         }
@@ -145,8 +143,8 @@ impl Cluster {
     fn define(&mut self, id: u64) {
         let node = Node {
             id,
-            raft_addr: format!("127.0.0.1:{}", free_port()),
-            http_addr: format!("127.0.0.1:{}", free_port()),
+            raft_addr: format!("127.0.0.1:{}", super::free_port()),
+            http_addr: format!("127.0.0.1:{}", super::free_port()),
             data_dir: self.dir.path().join(format!("node-{id}")),
             log: self.dir.path().join(format!("node-{id}.log")),
             child: None,
