@@ -577,3 +577,78 @@ pub fn transition_pending(state: &Allocations) -> bool {
         .values()
         .any(|r| moving(&r.split) || r.keys.values().any(|k| moving(&k.shares)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+
+    fn leader() -> Leader {
+        let mut leader = Leader::new(LeaderConfig {
+            rebalancer: Config::default(),
+            rebalance_interval_ms: 3_600_000,
+            round_lead_ms: 5_000,
+            top_up: true,
+        });
+        let rule = GlobalRule::new(
+            "api|customer",
+            1_000,
+            Algorithm::SlidingWindowCounter,
+            Accuracy::Exact,
+            60_000,
+            Partition::Strict,
+            0.5,
+        );
+        leader.set_rules(None, vec![rule]);
+        leader
+    }
+
+    fn heard(
+        leader: &mut Leader,
+        state: &mut Allocations,
+        regions: &[RegionDef],
+        region: &str,
+        now: Millis,
+    ) {
+        let report = PodReport {
+            region: region.into(),
+            pod: format!("{region}-0"),
+            epoch: state.epoch,
+            ..PodReport::default()
+        };
+        assert!(
+            leader.ingest(&report, state, regions, now).wake,
+            "{region} heard without a lease"
+        );
+        while let Some(kind) = leader.due(now + ACK_DEBOUNCE_MS) {
+            if let Some(delta) = leader.round(kind, now + ACK_DEBOUNCE_MS, state, regions) {
+                state.apply(&delta);
+            }
+        }
+    }
+
+    #[test]
+    fn a_region_heard_after_the_first_round_gets_its_share_in_the_round_that_leases_it() {
+        let regions: Vec<RegionDef> = ["hyderabad", "mumbai"]
+            .iter()
+            .map(|name| RegionDef {
+                name: (*name).into(),
+                weight: 1.0,
+                status: RegionStatus::Active,
+            })
+            .collect();
+        let mut leader = leader();
+        let mut state = Allocations::default();
+        let t0 = 1_700_000_000_000;
+        leader.seed(&state, t0);
+        heard(&mut leader, &mut state, &regions, "mumbai", t0);
+        assert_eq!(state.rules["api|customer"].split["mumbai"].granted, 500);
+        heard(&mut leader, &mut state, &regions, "hyderabad", t0 + 2_000);
+        let split = &state.rules["api|customer"].split;
+        assert_eq!(
+            (split["mumbai"].granted, split["hyderabad"].granted),
+            (500, 500),
+            "hyderabad waited for demand below its floor: {split:?}"
+        );
+    }
+}

@@ -286,8 +286,11 @@ fn step_rule(
             .slots
             .iter()
             .all(|s| s.target == 0 && s.granted == 0)
+            || below_floor(&scratch.slots, view)
         {
-            // A new rule with no demand yet: start from the static split.
+            // A new rule with no demand yet — or a region lapsed when the
+            // targets were set (new, not heard yet) and live now, which would
+            // sit below its floor until demand arrives: the static split.
             targets_static(view, &mut scratch.target);
         } else {
             scratch.target.clear();
@@ -523,6 +526,15 @@ fn retarget(
 }
 
 /// Static targets by weight (a new rule before any demand is known).
+/// Some live, active region's target is below its floor.
+fn below_floor(slots: &[Slot], view: &RegionsView<'_>) -> bool {
+    slots.iter().enumerate().any(|(i, s)| {
+        !view.lapsed[i]
+            && view.regions[i].status == RegionStatus::Active
+            && s.target < view.floors[i]
+    })
+}
+
 fn targets_static(view: &RegionsView<'_>, out: &mut Vec<u64>) {
     out.clear();
     out.extend(
