@@ -33,8 +33,6 @@ enum Command {
     Limiter(commands::LimiterArgs),
     /// Run a coordinator node (Raft cluster holding rules, regions, allocations).
     Coordinator(commands::CoordinatorArgs),
-    /// Operate a coordinator cluster through its admin API.
-    Ctl,
     /// Run the whole system on this machine: 3 coordinators, 2 regions, traffic.
     Demo(commands::DemoArgs),
     /// Replay multi-region traffic in virtual time and measure the bounds.
@@ -54,23 +52,16 @@ fn main() -> std::process::ExitCode {
         _ => "meridian=info",
     };
     commands::init_logs(cli.log_format, default_filter);
-    let name = match cli.command {
+    match cli.command {
         // Checks are served on the limiter's own worker threads; the main
         // thread only accepts connections and runs the control tasks.
-        Command::Limiter(args) => return run_on(true, commands::limiter(args)),
-        Command::Coordinator(args) => {
-            return run(async { Ok(commands::coordinator(args).await?) });
-        }
-        Command::Ctl => "ctl",
-        Command::Demo(args) => return run(commands::demo(args)),
-        Command::Simulate(args) => return commands::simulate(args),
-        Command::Bench(args) => {
-            return run(async { Ok(commands::bench(args).await.map(drop)?) });
-        }
-        Command::Rules(args) => return commands::rules(args),
-    };
-    eprintln!("meridian {name}: not yet implemented");
-    std::process::ExitCode::FAILURE
+        Command::Limiter(args) => run_on(true, commands::limiter(args)),
+        Command::Coordinator(args) => run(async { Ok(commands::coordinator(args).await?) }),
+        Command::Demo(args) => run(commands::demo(args)),
+        Command::Simulate(args) => commands::simulate(args),
+        Command::Bench(args) => run(async { Ok(commands::bench(args).await.map(drop)?) }),
+        Command::Rules(args) => commands::rules(args),
+    }
 }
 
 /// Runs a service command on a multi-threaded runtime; an error is printed

@@ -850,25 +850,14 @@ mod tests {
 
     /// A version-1 snapshot of [`fixture_applied`], committed so that a change
     /// to any stored type's encoding fails here instead of on an operator's
-    /// data dir. Regenerate (only together with a new [`FORMAT_VERSION`],
-    /// which writes a new file next to it) with
-    /// `cargo test --lib write_snapshot_fixture -- --ignored`. The v1 file was
-    /// first written from the build before format versions (`4e0c7bf`), and
-    /// this build's generator reproduces it byte for byte.
+    /// data dir. Never rewritten: a new [`FORMAT_VERSION`] adds its own file
+    /// beside it, the bytes of `encode_snapshot(&fixture_applied())` in that
+    /// build. The v1 file was first written from the build before format
+    /// versions (`4e0c7bf`); the test below re-encodes it byte for byte.
     const SNAPSHOT_V1: &[u8] = include_bytes!(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/raft/snapshot-v1.bin"
     ));
-
-    #[test]
-    #[ignore = "writes tests/fixtures/raft/snapshot-v<FORMAT_VERSION>.bin; run by hand"]
-    fn write_snapshot_fixture() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(
-            "tests/fixtures/raft/snapshot-v{FORMAT_VERSION}.bin"
-        ));
-        let data = encode_snapshot(&fixture_applied()).expect("encode");
-        std::fs::write(&path, data).expect("write the fixture");
-    }
 
     #[test]
     fn committed_v1_snapshot_decodes_to_the_fixture_state() {
