@@ -11,7 +11,6 @@ use common::global::fixed_window_rule_per;
 use common::limiter::LimiterProcess;
 use meridian::proto::meridian::v1::limiter_client::LimiterClient;
 use meridian::proto::meridian::v1::{Check, CheckRequest};
-use serde_json::json;
 
 const RULE: &str = "api|fw";
 
@@ -71,15 +70,7 @@ async fn sigterm_sends_the_hits_counted_since_the_last_report() {
     };
     let cluster = Cluster::start(1, options).await;
     let leader = cluster.wait_leader(Duration::from_secs(20)).await;
-    let (status, body) = cluster
-        .send(
-            leader,
-            reqwest::Method::PUT,
-            "/api/v1/regions/mumbai",
-            Some(json!({ "weight": 1.0 })),
-        )
-        .await;
-    assert!((200..300).contains(&status), "PUT region: {status} {body}");
+    cluster.register_region(leader, "mumbai").await;
     let (status, body) = cluster
         .put_text(leader, &fixed_window_rule_per(1000, "60s"))
         .await;

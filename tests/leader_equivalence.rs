@@ -17,7 +17,7 @@ use meridian::allocation::{Allocations, Config, RegionStatus};
 use meridian::proto::meridian::v1 as pb;
 use meridian::proto::meridian::v1::coordinator_client::CoordinatorClient;
 use meridian::rules::{RuleFile, RuleSet};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use common::coordinator::{Cluster, Options};
 
@@ -247,25 +247,12 @@ async fn reports_and_acks_give_the_same_epochs_on_the_coordinator_and_in_the_sim
     let cluster = Cluster::start(1, options).await;
     cluster.wait_leader(Duration::from_secs(20)).await;
     for region in ["hyderabad", "mumbai"] {
-        let (status, body) = cluster
-            .send(
-                1,
-                reqwest::Method::PUT,
-                &format!("/api/v1/regions/{region}"),
-                Some(json!({ "weight": 1.0 })),
-            )
-            .await;
-        assert_eq!(status, 200, "register {region}: {body}");
+        cluster.register_region(1, region).await;
     }
     let (status, body) = cluster.put_text(1, RULES).await;
     assert_eq!(status, 200, "rules: {body}");
     cluster.wait_version(1, 1, Duration::from_secs(10)).await;
-    let channel = tonic::transport::Endpoint::from_shared(cluster.node(1).grpc_url())
-        .map(|e| e.connect_lazy());
-    let client = match channel {
-        Ok(channel) => CoordinatorClient::new(channel),
-        Err(e) => panic!("coordinator endpoint: {e}"),
-    };
+    let client = CoordinatorClient::new(cluster.channel(1));
     let regions = ["hyderabad", "mumbai"]
         .iter()
         .map(|name| RegionDef {

@@ -45,12 +45,7 @@ async fn raft_rpcs_from_outside_the_cluster_or_at_absurd_terms_are_refused() {
         .await;
     let target = (1..=3).find(|id| *id != leader).unwrap_or(1);
     let before = state(&cluster, target).await;
-    let channel = tonic::transport::Endpoint::from_shared(cluster.node(target).grpc_url())
-        .map(|e| e.connect_lazy());
-    let mut client = match channel {
-        Ok(c) => RaftClient::new(c),
-        Err(e) => panic!("endpoint: {e}"),
-    };
+    let mut client = RaftClient::new(cluster.channel(target));
     let payload = |data: Vec<u8>| tonic::Request::new(RaftPayload { data });
 
     // A member's id at a term near 2^64.

@@ -10,28 +10,14 @@ use std::time::Duration;
 
 use meridian::proto::meridian::v1 as pb;
 use meridian::proto::meridian::v1::coordinator_client::CoordinatorClient;
-use serde_json::json;
 
 use common::coordinator::{Cluster, Options};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_from_unregistered_regions_or_beyond_their_bounds_are_refused() {
     let cluster = Cluster::start(1, Options::default()).await;
-    let (status, body) = cluster
-        .send(
-            1,
-            reqwest::Method::PUT,
-            "/api/v1/regions/mumbai",
-            Some(json!({ "weight": 1.0 })),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    let channel = tonic::transport::Endpoint::from_shared(cluster.node(1).grpc_url())
-        .map(|e| e.connect_lazy());
-    let mut client = match channel {
-        Ok(c) => CoordinatorClient::new(c),
-        Err(e) => panic!("endpoint: {e}"),
-    };
+    cluster.register_region(1, "mumbai").await;
+    let mut client = CoordinatorClient::new(cluster.channel(1));
     let report = |region: &str, keys: usize| pb::DemandReport {
         region: region.to_string(),
         pod: "p-0".into(),
@@ -103,19 +89,8 @@ async fn watch_streams_beyond_the_cap_are_refused_until_one_closes() {
         ..Options::default()
     };
     let cluster = Cluster::start(1, options).await;
-    let (status, body) = cluster
-        .send(
-            1,
-            reqwest::Method::PUT,
-            "/api/v1/regions/mumbai",
-            Some(json!({ "weight": 1.0 })),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    let channel = match tonic::transport::Endpoint::from_shared(cluster.node(1).grpc_url()) {
-        Ok(e) => e.connect_lazy(),
-        Err(e) => panic!("endpoint: {e}"),
-    };
+    cluster.register_region(1, "mumbai").await;
+    let channel = cluster.channel(1);
     let watch = |pod: &str| {
         let mut client = CoordinatorClient::new(channel.clone());
         let request = pb::WatchRequest {

@@ -284,6 +284,26 @@ impl Cluster {
         }
     }
 
+    /// Registers `region` (weight 1) through node `id`, as an admin would;
+    /// panics with the answer unless it is accepted.
+    pub async fn register_region(&self, id: u64, region: &str) {
+        let path = format!("/api/v1/regions/{region}");
+        let weight = Some(json!({ "weight": 1.0 }));
+        let (status, body) = self.send(id, reqwest::Method::PUT, &path, weight).await;
+        assert!(
+            (200..300).contains(&status),
+            "PUT region {region}: {status} {body}"
+        );
+    }
+
+    /// A lazily connected gRPC channel to node `id` (Raft and Coordinator).
+    pub fn channel(&self, id: u64) -> tonic::transport::Channel {
+        match tonic::transport::Endpoint::from_shared(self.node(id).grpc_url()) {
+            Ok(endpoint) => endpoint.connect_lazy(),
+            Err(e) => panic!("node {id}'s gRPC URL: {e}"),
+        }
+    }
+
     /// PUT a one-file rule set for `domain`; (status, body).
     pub async fn put_rules(&self, id: u64, domain: &str) -> (u16, Value) {
         self.put_text(id, &rules_yaml(domain)).await
