@@ -23,6 +23,8 @@ pub mod allocation;
 mod bench;
 mod clock;
 #[cfg(feature = "server")]
+mod cluster_id;
+#[cfg(feature = "server")]
 pub mod commands;
 #[cfg(feature = "server")]
 mod coordinator;

@@ -55,7 +55,8 @@ impl CoordinatorService {
 
     /// `Ok` when this node may serve a watch: it is a member of a cluster and
     /// knows the leader, so what it applied is the cluster's, not an empty
-    /// node's "no version" or a cut-off node's stale state.
+    /// node's "no version" or a cut-off node's stale state; and it has
+    /// applied the cluster's id, which every update carries.
     fn serving(&self) -> Result<(), Status> {
         let metrics = self.raft.metrics().borrow().clone();
         if metrics
@@ -72,6 +73,13 @@ impl CoordinatorService {
         if metrics.current_leader.is_none() {
             return Err(Status::unavailable(
                 "this node knows no leader (an election, or it is cut off); watch another",
+            ));
+        }
+        if self.applied.borrow().registry.cluster_id.is_none() {
+            // Limiters pin the id of the first cluster they follow: without
+            // one they could not tell this cluster's rules from another's.
+            return Err(Status::unavailable(
+                "this node's cluster has no id yet (its leader sets one); watch another",
             ));
         }
         Ok(())
@@ -106,6 +114,11 @@ fn update(applied: &Applied) -> pb::RuleSetUpdate {
         current: applied.registry.current().map(version_proto),
         stable: applied.registry.stable().map(version_proto),
         applied_index: applied.last_applied.map_or(0, |l| l.index),
+        cluster_id: applied
+            .registry
+            .cluster_id
+            .map(|id| id.to_string())
+            .unwrap_or_default(),
     }
 }
 

@@ -467,6 +467,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         tasks.spawn("cluster join", join);
     }
     tasks.spawn("allocator", Arc::clone(&allocator).run());
+    tasks.spawn("cluster id", Arc::clone(&node).set_cluster_id());
     tasks.spawn(
         "raft metrics",
         watch_metrics(raft.clone(), Arc::clone(&node)),

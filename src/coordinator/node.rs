@@ -22,6 +22,7 @@ use super::raft::network::PeerContacts;
 use super::raft::storage::Applied;
 use super::raft::{Member, NodeId, Raft};
 use super::state::{Command, Outcome};
+use crate::cluster_id::ClusterId;
 
 /// How long a write waits for a leader (an election with default timings
 /// takes 1.5–3 s) before answering 503.
@@ -273,6 +274,40 @@ impl Node {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         Err(ReadError::Unconfirmed(last))
+    }
+
+    /// Gives the cluster its id and ends once it has one (it never changes):
+    /// while this node leads and has applied no id (a new cluster, or a data
+    /// dir from storage format 1), it proposes a random one. Runs on every
+    /// node, so whichever leads does it. Two leaders in turn may both propose
+    /// one; the state machine keeps the first, so the race is harmless.
+    pub async fn set_cluster_id(self: Arc<Self>) {
+        let mut applied = self.applied.clone();
+        let mut metrics = self.raft.metrics();
+        loop {
+            if let Some(id) = applied.borrow_and_update().registry.cluster_id {
+                tracing::info!(cluster_id = %id, "cluster id");
+                return;
+            }
+            if metrics.borrow_and_update().current_leader == Some(self.id) {
+                let id = ClusterId::random();
+                match self.raft.client_write(Command::SetClusterId(id)).await {
+                    Ok(r) if matches!(r.data, Outcome::Applied { .. }) => {
+                        tracing::info!(cluster_id = %id, "this leader set the cluster id");
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not set the cluster id yet; retrying");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+                continue;
+            }
+            tokio::select! {
+                changed = applied.changed() => if changed.is_err() { return },
+                changed = metrics.changed() => if changed.is_err() { return },
+            }
+        }
     }
 
     /// The current leader's member record, if known.

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::allocation::{Allocations, EpochDelta};
+use crate::cluster_id::ClusterId;
 
 /// A rule-set version's place in the staged rollout.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,6 +116,12 @@ pub enum Command {
     /// epoch: a delta computed from an older state (a deposed leader, a race
     /// of two rounds) must not be applied on top of a newer one.
     Epoch(EpochDelta),
+    /// Names the cluster for good: applied only while it has no id, so the
+    /// first leader's proposal wins and a later one (two leaders racing, a
+    /// new leader that had not applied the first yet) changes nothing.
+    /// Appended last: bincode tags variants by position, and the earlier
+    /// variants must keep theirs (storage format 2 reads format 1's log).
+    SetClusterId(ClusterId),
 }
 
 /// What applying a command did. A rejected command is still in the log (every
@@ -145,6 +152,11 @@ pub struct Registry {
     pub regions: BTreeMap<String, Region>,
     /// Global limits divided between regions (see `crate::allocation`).
     pub allocations: Allocations,
+    /// Which cluster this is, set once by its first leader
+    /// ([`Command::SetClusterId`]) and never changed. Limiters take rules
+    /// only from the cluster whose id they hold. `None` in a new cluster
+    /// and in data written in storage format 1, until a leader sets it.
+    pub cluster_id: Option<ClusterId>,
 }
 
 fn rejected(reason: impl Into<String>) -> Outcome {
@@ -313,6 +325,15 @@ impl Registry {
                 self.allocations.apply(&delta);
                 Outcome::Applied { version: None }
             }
+            Command::SetClusterId(id) => match self.cluster_id {
+                None => {
+                    self.cluster_id = Some(id);
+                    Outcome::Applied { version: None }
+                }
+                Some(held) => rejected(format!(
+                    "the cluster id is already {held}; it never changes (proposed {id})"
+                )),
+            },
             Command::DeleteRegion { name } => {
                 let in_canary = self.current().is_some_and(
                     |v| matches!(&v.stage, Stage::Canary { regions } if regions.contains(&name)),
@@ -446,6 +467,21 @@ mod tests {
             }),
             Outcome::NotFound { .. }
         ));
+    }
+
+    #[test]
+    fn the_first_cluster_id_applied_stays() {
+        let mut r = Registry::default();
+        let (first, second) = (ClusterId::random(), ClusterId::random());
+        assert_eq!(
+            r.apply(Command::SetClusterId(first)),
+            Outcome::Applied { version: None }
+        );
+        assert!(matches!(
+            r.apply(Command::SetClusterId(second)),
+            Outcome::Rejected { reason } if reason.contains(&first.to_string())
+        ));
+        assert_eq!(r.cluster_id, Some(first));
     }
 
     #[test]

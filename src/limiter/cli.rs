@@ -17,6 +17,7 @@ use super::rule_feed;
 use super::rule_source::RuleSource;
 use super::service::Service;
 use super::workers::{Worker, Workers};
+use crate::cluster_id::ClusterId;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::proto::meridian::v1::limiter_server::LimiterServer;
 use crate::rules::RuleSet;
@@ -52,13 +53,25 @@ pub struct LimiterArgs {
     /// Take rules from the coordinator cluster instead of files: the gRPC
     /// address of any node (repeat for several; the next is tried when one
     /// fails), e.g. http://10.0.0.5:7001. Rollout stages are honoured for --region.
+    /// All must be nodes of one cluster: see --cluster-id.
     #[arg(long, value_name = "URL")]
     pub coordinator: Vec<String>,
 
-    /// With --coordinator: where the last rules received are kept, so a restart
-    /// while no coordinator answers still enforces them.
+    /// With --coordinator: where the last rules received are kept (0600), so a
+    /// restart while no coordinator answers still enforces them, together
+    /// with the id of the cluster they came from.
     #[arg(long, value_name = "FILE", default_value = "meridian-rules-cache.json")]
     pub rules_cache: PathBuf,
+
+    /// With --coordinator: take rules only from the cluster with this id (32
+    /// hex digits; GET /api/v1/cluster on a coordinator shows it). Without
+    /// it, the first cluster followed is pinned in --rules-cache. An update
+    /// from any other cluster is refused whatever its version: the limiter
+    /// keeps its rules and its cache, logs an error naming both ids, counts
+    /// it in meridian_rule_updates_refused_total and tries the next
+    /// --coordinator.
+    #[arg(long, value_name = "ID", requires = "coordinator")]
+    pub cluster_id: Option<ClusterId>,
 
     /// Redis for this region: redis://[user:pass@]host:port[/db], or rediss:// for
     /// TLS. Repeat it, or use redis+cluster://h1:p1,h2:p2, for a Redis Cluster.
@@ -165,12 +178,22 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
         enforce: None,
         shadow: None,
         applied_index: 0,
+        cluster_id: args.cluster_id,
     };
     let rules = if args.coordinator.is_empty() {
         Arc::new(RuleSource::from_files(args.config.clone())?)
     } else {
         let source = Arc::new(RuleSource::fixed(RuleSet::default()));
-        if let Some(cached) = rule_feed::load_cache(&args.rules_cache) {
+        if let Some(mut cached) = rule_feed::load_cache(&args.rules_cache) {
+            match (cached.cluster_id, args.cluster_id) {
+                (Some(cached_id), Some(flag)) if cached_id != flag => anyhow::bail!(
+                    "rules cache {} holds the rules of cluster {cached_id}, but --cluster-id is \
+                     {flag}: fix --cluster-id, or remove the cache to start without rules",
+                    args.rules_cache.display()
+                ),
+                (None, flag) => cached.cluster_id = flag,
+                _ => {}
+            }
             rule_feed::apply(&source, &cached).with_context(|| {
                 format!(
                     "rules cache {} holds invalid rules",
@@ -179,6 +202,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
             })?;
             tracing::info!(
                 version = cached.enforce.as_ref().map(|v| v.number),
+                cluster_id = cached.cluster_id.map(|id| id.to_string()),
                 "enforcing cached rules until a coordinator answers"
             );
             held = cached;

@@ -3,7 +3,8 @@
 //! enforces what its region should at the version's rollout stage and hands
 //! allocation updates to `global`; it keeps the last rules it received while
 //! no coordinator answers, and caches them on disk so that a restart without
-//! a coordinator still enforces.
+//! a coordinator still enforces. It follows one cluster only: the first
+//! whose id it accepted (kept in the cache) or `--cluster-id`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use tokio_stream::StreamExt;
 
 use super::global::Global;
 use super::rule_source::RuleSource;
+use crate::cluster_id::ClusterId;
 use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
 use crate::proto::meridian::v1::{RolloutStage, RuleSetUpdate, RuleSetVersion, WatchRequest};
 use crate::rules::{RuleFile, RuleSet};
@@ -30,6 +32,12 @@ pub struct Selection {
     /// caches written before it was recorded.
     #[serde(default)]
     pub applied_index: u64,
+    /// The cluster the update came from (`None`: a coordinator that sends
+    /// no id). Once set in what a limiter holds, it is the only cluster the
+    /// limiter takes updates from. `None` in caches written before it was
+    /// recorded: the next cluster followed is pinned.
+    #[serde(default)]
+    pub cluster_id: Option<ClusterId>,
 }
 
 /// Why a rule update is not taken.
@@ -40,7 +48,15 @@ pub enum Refusal {
     NoVersion { held: u64 },
     /// The node is behind what this limiter already applied.
     Behind { index: u64, held: u64 },
+    /// The node belongs to another cluster (or names none) than the one
+    /// this limiter follows: its version numbers say nothing about ours.
+    OtherCluster {
+        sent: Option<ClusterId>,
+        held: ClusterId,
+    },
 }
+
+impl std::error::Error for Refusal {}
 
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -53,13 +69,31 @@ impl std::fmt::Display for Refusal {
                 f,
                 "the coordinator is behind: its rules are from log index {index}, this limiter applied {held}"
             ),
+            Refusal::OtherCluster { sent, held } => {
+                let sent =
+                    sent.map_or_else(|| "no cluster id".to_string(), |id| format!("cluster {id}"));
+                write!(
+                    f,
+                    "the coordinator sent rules of {sent}, but this limiter follows cluster {held} \
+                     (its rules cache or --cluster-id); keeping its rules"
+                )
+            }
         }
     }
 }
 
 /// Whether `next` may replace `held` (what the limiter enforces now): never
-/// "no version" over a version, never an update read at an older log index.
+/// an update of another cluster than the one held, never "no version" over a
+/// version, never an update read at an older log index.
 pub fn admit(held: &Selection, next: &Selection) -> Result<(), Refusal> {
+    if let Some(pinned) = held.cluster_id
+        && next.cluster_id != Some(pinned)
+    {
+        return Err(Refusal::OtherCluster {
+            sent: next.cluster_id,
+            held: pinned,
+        });
+    }
     if let Some(v) = &held.enforce
         && next.enforce.is_none()
         && next.shadow.is_none()
@@ -113,11 +147,14 @@ impl CachedVersion {
 /// `shadow` → the stable version, with the current one in shadow beside it.
 pub fn select(update: &RuleSetUpdate, region: &str) -> Selection {
     let applied_index = update.applied_index;
+    // Malformed counts as none: `admit` refuses it wherever an id is held.
+    let cluster_id = update.cluster_id.parse().ok();
     let Some(current) = &update.current else {
         return Selection {
             enforce: None,
             shadow: None,
             applied_index,
+            cluster_id,
         };
     };
     let stable = update.stable.as_ref().map(CachedVersion::from_proto);
@@ -127,21 +164,25 @@ pub fn select(update: &RuleSetUpdate, region: &str) -> Selection {
             enforce: Some(current_version),
             shadow: None,
             applied_index,
+            cluster_id,
         },
         RolloutStage::Canary if current.canary_regions.iter().any(|r| r == region) => Selection {
             enforce: Some(current_version),
             shadow: None,
             applied_index,
+            cluster_id,
         },
         RolloutStage::Canary => Selection {
             enforce: stable,
             shadow: None,
             applied_index,
+            cluster_id,
         },
         RolloutStage::Shadow => Selection {
             enforce: stable,
             shadow: Some(current_version),
             applied_index,
+            cluster_id,
         },
     }
 }
@@ -209,7 +250,8 @@ pub struct Feed {
     /// Where the allocations that arrive on the stream are applied.
     pub global: Arc<Global>,
     /// What this limiter enforces now (from its cache at start, then from
-    /// every update it took): the fence [`admit`] holds updates against.
+    /// every update it took) and the cluster it follows: the fence
+    /// [`admit`] holds updates against.
     /// `std` mutex: read and replaced between awaits, never held across one.
     pub held: std::sync::Mutex<Selection>,
 }
@@ -222,9 +264,20 @@ impl Feed {
         for url in self.coordinators.iter().cycle() {
             match self.follow(url, &source, &on_change).await {
                 Ok(()) => tracing::warn!(%url, "coordinator closed the rule stream"),
-                Err(e) => {
-                    tracing::warn!(%url, error = %e, "not following this coordinator; keeping the last rules")
-                }
+                Err(e) => match e.downcast_ref::<Refusal>() {
+                    // Not a passing fault: a limiter wired to the wrong
+                    // cluster needs an operator.
+                    Some(Refusal::OtherCluster { sent, held }) => tracing::error!(
+                        %url,
+                        following = %held,
+                        sent = %sent.map_or_else(|| "none".to_string(), |id| id.to_string()),
+                        error = %e,
+                        "not following this coordinator: it is of another cluster"
+                    ),
+                    _ => {
+                        tracing::warn!(%url, error = %e, "not following this coordinator; keeping the last rules")
+                    }
+                },
             }
             counter!("meridian_coordinator_stream_failures_total").increment(1);
             tokio::time::sleep(backoff).await;
@@ -251,6 +304,9 @@ impl Feed {
             .await?
             .into_inner();
         tracing::info!(%url, "following the coordinator's rules and allocations");
+        // Allocations are taken only on a stream whose rules were admitted
+        // (the first message carries both), so never from another cluster.
+        let mut admitted = false;
         while let Some(update) = stream.next().await {
             let update = update?;
             if let Some(rules) = &update.rules {
@@ -259,8 +315,9 @@ impl Feed {
                 if let Err(refusal) = admit(&held, &selection) {
                     // Neither its rules nor its allocations: try another node.
                     counter!("meridian_rule_updates_refused_total").increment(1);
-                    return Err(refusal.to_string().into());
+                    return Err(refusal.into());
                 }
+                admitted = true;
                 let changed =
                     (&held.enforce, &held.shadow) != (&selection.enforce, &selection.shadow);
                 if changed {
@@ -275,7 +332,10 @@ impl Feed {
                         "rules from the coordinator applied"
                     );
                 }
-                if changed || selection.applied_index > held.applied_index {
+                if changed
+                    || selection.applied_index > held.applied_index
+                    || selection.cluster_id != held.cluster_id
+                {
                     if let Err(e) = save_cache(&self.cache, &selection) {
                         tracing::warn!(path = %self.cache.display(), error = %e, "cannot write the rules cache");
                     }
@@ -284,6 +344,7 @@ impl Feed {
             }
             // After the rules: a new global rule's window must be known.
             if let Some(allocations) = &update.allocations
+                && admitted
                 && self.global.apply(allocations, &source.current())
             {
                 on_change();
@@ -324,6 +385,7 @@ mod tests {
             current: Some(version(3, stage, canary)),
             stable: Some(version(2, RolloutStage::All, &[])),
             applied_index: 9,
+            cluster_id: String::new(),
         };
         let all = update(RolloutStage::All, &[]);
         assert_eq!(numbers(&select(&all, "mumbai")), (Some(3), None));
@@ -343,6 +405,7 @@ mod tests {
                 current: Some(version(4, RolloutStage::All, &[])),
                 stable: None,
                 applied_index: 20,
+                cluster_id: String::new(),
             },
             "mumbai",
         );
@@ -353,6 +416,7 @@ mod tests {
                 current: Some(version(3, RolloutStage::All, &[])),
                 stable: None,
                 applied_index: 12,
+                cluster_id: String::new(),
             },
             "mumbai",
         );
@@ -368,12 +432,77 @@ mod tests {
                 current: Some(version(5, RolloutStage::Shadow, &[])),
                 stable: Some(version(4, RolloutStage::All, &[])),
                 applied_index: 25,
+                cluster_id: String::new(),
             },
             "mumbai",
         );
         assert_eq!(admit(&held, &newer), Ok(()));
         // A limiter that never had rules takes a node's "no version".
         assert_eq!(admit(&empty, &empty), Ok(()));
+    }
+
+    #[test]
+    fn updates_of_another_cluster_are_refused_once_one_is_held() {
+        let (ours, theirs) = (ClusterId::random(), ClusterId::random());
+        let update = |id: Option<ClusterId>, number, index| {
+            select(
+                &RuleSetUpdate {
+                    current: Some(version(number, RolloutStage::All, &[])),
+                    stable: None,
+                    applied_index: index,
+                    cluster_id: id.map(|id| id.to_string()).unwrap_or_default(),
+                },
+                "mumbai",
+            )
+        };
+        let held = update(Some(ours), 4, 20);
+        assert_eq!(held.cluster_id, Some(ours));
+        let higher_elsewhere = update(Some(theirs), 9, 90);
+        assert_eq!(
+            admit(&held, &higher_elsewhere),
+            Err(Refusal::OtherCluster {
+                sent: Some(theirs),
+                held: ours
+            })
+        );
+        let text = admit(&held, &higher_elsewhere)
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            text.contains(&ours.to_string()) && text.contains(&theirs.to_string()),
+            "the refusal names both ids: {text}"
+        );
+        assert_eq!(
+            admit(&held, &update(None, 9, 90)),
+            Err(Refusal::OtherCluster {
+                sent: None,
+                held: ours
+            })
+        );
+        let mut malformed = update(Some(theirs), 9, 90);
+        malformed.cluster_id = "not-an-id".parse().ok();
+        assert!(admit(&held, &malformed).is_err());
+        assert_eq!(admit(&held, &update(Some(ours), 5, 25)), Ok(()));
+        // A limiter that holds no id yet follows the first cluster it meets.
+        let unpinned = Selection {
+            cluster_id: None,
+            ..held.clone()
+        };
+        assert_eq!(admit(&unpinned, &update(Some(theirs), 5, 25)), Ok(()));
+    }
+
+    #[test]
+    fn a_cache_without_a_cluster_id_loads_unpinned() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("rules-cache.json");
+        std::fs::write(
+            &path,
+            r#"{"enforce": {"number": 2, "files": [["a.yaml", "domain: a\n"]]}, "shadow": null, "applied_index": 5}"#,
+        )
+        .expect("write");
+        let loaded = load_cache(&path).expect("an older cache loads");
+        assert_eq!(loaded.cluster_id, None);
+        assert_eq!(loaded.applied_index, 5);
     }
 
     #[test]
@@ -387,6 +516,7 @@ mod tests {
             }),
             shadow: None,
             applied_index: 7,
+            cluster_id: Some(ClusterId::random()),
         };
         save_cache(&path, &s).expect("save");
         assert_eq!(load_cache(&path), Some(s));

@@ -18,8 +18,9 @@ use super::write::submit;
 use crate::coordinator::node::Write;
 use crate::coordinator::raft::{Member, NodeId};
 
-/// `GET /api/v1/cluster`: this node's Raft view and every member's role,
-/// replication progress and last contact. Answers from Raft's metrics, not
+/// `GET /api/v1/cluster`: the cluster's id (`null` until its first leader
+/// set it), this node's Raft view and every member's role, replication
+/// progress and last contact. Answers from Raft's metrics, not
 /// the applied state; [`Read`] still settles the consistency (and relays).
 pub(super) async fn cluster(State(api): State<Api>, read: Read) -> Response {
     let m = api.node.raft.metrics().borrow().clone();
@@ -58,9 +59,11 @@ pub(super) async fn cluster(State(api): State<Api>, read: Read) -> Response {
             })
         })
         .collect();
+    let cluster_id = api.node.applied.borrow().registry.cluster_id;
     Json(json!({
         "consistency": read.consistency,
         "node_id": api.node.id,
+        "cluster_id": cluster_id,
         "state": format!("{:?}", m.state),
         "leader": m.current_leader,
         "term": m.current_term,

@@ -5,8 +5,9 @@
 //! - `raft_meta`: `format_version`, `vote`, `committed`, `last_purged`;
 //! - `sm_versions`: rule-set version number → bincode `RuleSetVersion`, so an
 //!   apply writes only the versions it created or moved, not every version;
-//! - `sm_meta`: `applied` (`AppliedHeader`), `regions`, `allocations`, and
-//!   `snapshot` (the current snapshot's meta and bytes).
+//! - `sm_meta`: `applied` (`AppliedHeader`), `regions`, `allocations`,
+//!   `cluster_id` (from format 2; absent: no id yet) and `snapshot` (the
+//!   current snapshot's meta and bytes).
 //!
 //! ## Format versions
 //! Everything above is bincode of Rust types, so changing a stored type (a
@@ -27,6 +28,24 @@
 //! (no `format_version`, a snapshot without the magic) is version 1: version
 //! 1 is defined as exactly that encoding, and the committed fixture
 //! `tests/fixtures/raft/snapshot-v1.bin` holds its payload byte for byte.
+//! Each later version has its own fixture, `snapshot-v<N>.bin`.
+//!
+//! The versions:
+//! 1. rule-set versions, regions and allocations;
+//! 2. adds the cluster id: [`Registry::cluster_id`] (last field of the
+//!    registry, so last in a snapshot's payload), `sm_meta.cluster_id` and
+//!    [`Command::SetClusterId`](crate::coordinator::state::Command) (the
+//!    last variant, so every other command keeps its tag).
+//!
+//! Migration: [`open`] takes a dir of an older known version and records
+//! [`FORMAT_VERSION`] in it before it is used, so the rule above (one dir,
+//! one format) holds from then on; an older build then refuses the dir. This
+//! rewrites nothing else, so a version may be migrated this way only when
+//! the older one's tables and log entries decode unchanged as the newer one:
+//! true of 1 → 2 (a missing `sm_meta.cluster_id` reads as "no id yet", which
+//! the leader then sets). A snapshot keeps the version it was written in and
+//! is decoded as such ([`decode_snapshot`]); new snapshots are written in
+//! [`FORMAT_VERSION`].
 //!
 //! Durability: log appends, votes, purges and snapshots commit with
 //! `Durability::Immediate` (fsync) before openraft hears they are done. The
@@ -41,6 +60,7 @@
 //! All disk work runs in `spawn_blocking`, so the runtime's workers never wait
 //! on the disk.
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::io::{self, Cursor};
 use std::ops::{Bound, RangeBounds};
@@ -62,6 +82,8 @@ use tokio::sync::watch;
 use super::{
     Entry, LogId, NodeId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
+use crate::allocation::Allocations;
+use crate::cluster_id::ClusterId;
 use crate::coordinator::state::{Outcome, Region, Registry, RuleSetVersion};
 
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
@@ -77,9 +99,9 @@ pub const DB_FILE: &str = "coordinator.redb";
 /// The storage format this build writes (see the module docs). Bump it, add
 /// it to [`KNOWN_FORMATS`] and commit a fixture for it whenever a stored
 /// type's encoding changes.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// The storage formats this build reads.
-pub const KNOWN_FORMATS: &[u32] = &[1];
+pub const KNOWN_FORMATS: &[u32] = &[1, 2];
 /// The format of data written before versions were recorded.
 const UNVERSIONED_FORMAT: u32 = 1;
 /// `raft_meta` key of the data dir's format version.
@@ -219,20 +241,34 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), DiskError> {
     let versions = txn.open_table(VERSIONS)?;
     let sm_meta = txn.open_table(SM_META)?;
     let mut meta = txn.open_table(META)?;
-    if recorded.is_none() {
-        let fresh =
-            log.is_empty()? && meta.is_empty()? && versions.is_empty()? && sm_meta.is_empty()?;
-        let format = if fresh {
-            FORMAT_VERSION
-        } else {
+    let found = match recorded {
+        Some(found) => Some(found),
+        None if log.is_empty()?
+            && meta.is_empty()?
+            && versions.is_empty()?
+            && sm_meta.is_empty()? =>
+        {
+            None
+        }
+        None => {
             tracing::info!(
-                format = UNVERSIONED_FORMAT,
-                "data dir records no storage format (written before formats were versioned); \
-                 recording it as version {UNVERSIONED_FORMAT}"
+                "data dir records no storage format (written before formats were versioned): \
+                 version {UNVERSIONED_FORMAT}"
             );
-            UNVERSIONED_FORMAT
-        };
-        meta.insert(FORMAT_KEY, format.to_le_bytes().as_slice())?;
+            Some(UNVERSIONED_FORMAT)
+        }
+    };
+    if found != Some(FORMAT_VERSION) {
+        // A new dir, or an older format whose data reads unchanged as this
+        // one (see the module docs): from now on it is in this format.
+        if let Some(older) = found {
+            tracing::info!(
+                from = older,
+                to = FORMAT_VERSION,
+                "migrating the data dir from storage format {older} to {FORMAT_VERSION}"
+            );
+        }
+        meta.insert(FORMAT_KEY, FORMAT_VERSION.to_le_bytes().as_slice())?;
     }
     drop((log, versions, sm_meta, meta));
     txn.commit()?;
@@ -465,6 +501,41 @@ struct StoredSnapshot {
     data: Vec<u8>,
 }
 
+/// Version 1's [`Applied`]: the same fields in the same order, with a
+/// registry that had no cluster id. bincode writes a struct as its fields in
+/// order, so these decode version-1 snapshots exactly; they must never change.
+#[derive(Serialize, Deserialize)]
+struct AppliedV1 {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    registry: RegistryV1,
+}
+
+/// Version 1's [`Registry`].
+#[derive(Serialize, Deserialize)]
+struct RegistryV1 {
+    versions: BTreeMap<u64, RuleSetVersion>,
+    regions: BTreeMap<String, Region>,
+    allocations: Allocations,
+}
+
+impl From<AppliedV1> for Applied {
+    /// The version-1 state in this build: no cluster id yet, which the
+    /// leader then sets.
+    fn from(v1: AppliedV1) -> Applied {
+        Applied {
+            last_applied: v1.last_applied,
+            membership: v1.membership,
+            registry: Registry {
+                versions: v1.registry.versions,
+                regions: v1.registry.regions,
+                allocations: v1.registry.allocations,
+                cluster_id: None,
+            },
+        }
+    }
+}
+
 /// A snapshot's bytes: [`SNAPSHOT_MAGIC`], [`FORMAT_VERSION`] (`u32`,
 /// little-endian), then the bincode [`Applied`].
 fn encode_snapshot(applied: &Applied) -> Result<Vec<u8>, bincode::Error> {
@@ -475,11 +546,12 @@ fn encode_snapshot(applied: &Applied) -> Result<Vec<u8>, bincode::Error> {
     Ok(data)
 }
 
-/// Decodes a snapshot written by [`encode_snapshot`], or one without a header
-/// (a build from before format versions: version 1). `what` names it in errors.
+/// Decodes a snapshot written by [`encode_snapshot`] in any of
+/// [`KNOWN_FORMATS`], or one without a header (a build from before format
+/// versions: version 1). `what` names it in errors.
 fn decode_snapshot(data: &[u8], what: &str) -> Result<Applied, DiskError> {
     let Some(rest) = data.strip_prefix(SNAPSHOT_MAGIC) else {
-        return Ok(bincode::deserialize(data)?);
+        return Ok(bincode::deserialize::<AppliedV1>(data)?.into());
     };
     let Some((version, payload)) = rest.split_first_chunk::<4>() else {
         return Err(DiskError::BadHeader {
@@ -488,7 +560,8 @@ fn decode_snapshot(data: &[u8], what: &str) -> Result<Applied, DiskError> {
         });
     };
     match u32::from_le_bytes(*version) {
-        1 => Ok(bincode::deserialize(payload)?),
+        1 => Ok(bincode::deserialize::<AppliedV1>(payload)?.into()),
+        2 => Ok(bincode::deserialize(payload)?),
         found => Err(DiskError::UnknownFormat {
             what: what.to_string(),
             found,
@@ -499,14 +572,16 @@ fn decode_snapshot(data: &[u8], what: &str) -> Result<Applied, DiskError> {
 
 fn load_applied(db: &Database) -> Result<Applied, DiskError> {
     let header: Option<AppliedHeader> = get_meta(db, SM_META, "applied")?;
-    let regions: Option<std::collections::BTreeMap<String, Region>> =
-        get_meta(db, SM_META, "regions")?;
-    let allocations: Option<crate::allocation::Allocations> = get_meta(db, SM_META, "allocations")?;
+    let regions: Option<BTreeMap<String, Region>> = get_meta(db, SM_META, "regions")?;
+    let allocations: Option<Allocations> = get_meta(db, SM_META, "allocations")?;
+    // Absent in a new dir and in one from format 1.
+    let cluster_id: Option<Option<ClusterId>> = get_meta(db, SM_META, "cluster_id")?;
     let txn = db.begin_read()?;
     let t = txn.open_table(VERSIONS)?;
     let mut registry = Registry {
         regions: regions.unwrap_or_default(),
         allocations: allocations.unwrap_or_default(),
+        cluster_id: cluster_id.flatten(),
         ..Registry::default()
     };
     for item in t.range::<u64>(..)? {
@@ -524,7 +599,8 @@ fn load_applied(db: &Database) -> Result<Applied, DiskError> {
     })
 }
 
-/// Writes the applied header, the regions and `versions` in one transaction;
+/// Writes the applied header, the regions, the allocations, the cluster id
+/// and `versions` in one transaction;
 /// with `replace_versions`, drops every other version first (snapshot install).
 fn persist_applied(
     db: &Database,
@@ -539,6 +615,7 @@ fn persist_applied(
     })?;
     let regions = bincode::serialize(&applied.registry.regions)?;
     let allocations = bincode::serialize(&applied.registry.allocations)?;
+    let cluster_id = bincode::serialize(&applied.registry.cluster_id)?;
     let mut txn = db.begin_write()?;
     txn.set_durability(durability)?;
     {
@@ -553,6 +630,7 @@ fn persist_applied(
         m.insert("applied", header.as_slice())?;
         m.insert("regions", regions.as_slice())?;
         m.insert("allocations", allocations.as_slice())?;
+        m.insert("cluster_id", cluster_id.as_slice())?;
     }
     txn.commit()?;
     Ok(())
@@ -740,9 +818,13 @@ mod tests {
     use super::*;
     use crate::allocation::GrantChange;
 
-    /// The state the committed fixture holds: two regions, a rule set put in
-    /// canary then rolled back, and two allocation epochs (a split change and
-    /// a key entry), so every replicated type appears in it.
+    /// The cluster id in the version-2 fixture.
+    const FIXTURE_CLUSTER_ID: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f0";
+
+    /// The state the committed fixtures hold: two regions, a rule set put in
+    /// canary then rolled back, two allocation epochs (a split change and a
+    /// key entry) and, from version 2, a cluster id, so every replicated
+    /// type appears in them.
     fn fixture_applied() -> Applied {
         use std::collections::BTreeMap;
 
@@ -780,6 +862,7 @@ mod tests {
                 to: None,
                 at_unix_ms: 4_000,
             },
+            Command::SetClusterId(FIXTURE_CLUSTER_ID.parse().expect("cluster id")),
         ];
         let slot = |granted| Slot {
             granted,
@@ -848,21 +931,61 @@ mod tests {
         }
     }
 
-    /// A version-1 snapshot of [`fixture_applied`], committed so that a change
-    /// to any stored type's encoding fails here instead of on an operator's
-    /// data dir. Never rewritten: a new [`FORMAT_VERSION`] adds its own file
-    /// beside it, the bytes of `encode_snapshot(&fixture_applied())` in that
-    /// build. The v1 file was first written from the build before format
-    /// versions (`4e0c7bf`); the test below re-encodes it byte for byte.
+    /// [`fixture_applied`] as version 1 holds it: without a cluster id.
+    fn fixture_applied_v1() -> Applied {
+        let mut applied = fixture_applied();
+        applied.registry.cluster_id = None;
+        applied
+    }
+
+    /// A version-1 snapshot of [`fixture_applied_v1`], committed so that a
+    /// change to any stored type's encoding fails here instead of on an
+    /// operator's data dir. Never rewritten: a new [`FORMAT_VERSION`] adds
+    /// its own file beside it, the bytes of `encode_snapshot(&fixture_applied())`
+    /// in that build. The v1 file was first written from the build before
+    /// format versions (`4e0c7bf`); the test below re-encodes its payload
+    /// byte for byte through [`AppliedV1`].
     const SNAPSHOT_V1: &[u8] = include_bytes!(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/raft/snapshot-v1.bin"
     ));
 
+    /// The version-2 snapshot of [`fixture_applied`], first written by the
+    /// build that introduced version 2; re-encoded byte for byte below.
+    const SNAPSHOT_V2: &[u8] = include_bytes!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/raft/snapshot-v2.bin"
+    ));
+
+    /// The payload after a snapshot's format header.
+    fn payload(snapshot: &[u8]) -> &[u8] {
+        &snapshot[SNAPSHOT_MAGIC.len() + 4..]
+    }
+
     #[test]
-    fn committed_v1_snapshot_decodes_to_the_fixture_state() {
-        let applied = decode_snapshot(SNAPSHOT_V1, "fixture").expect("decode");
+    fn committed_v2_snapshot_decodes_to_the_fixture_state_and_this_build_writes_it() {
+        assert_eq!(&SNAPSHOT_V2[..SNAPSHOT_MAGIC.len()], SNAPSHOT_MAGIC);
+        let applied = decode_snapshot(SNAPSHOT_V2, "fixture").expect("decode");
         assert_eq!(applied, fixture_applied());
+        assert_eq!(
+            applied
+                .registry
+                .cluster_id
+                .map(|id| id.to_string())
+                .as_deref(),
+            Some(FIXTURE_CLUSTER_ID)
+        );
+        assert_eq!(
+            encode_snapshot(&applied).expect("encode"),
+            SNAPSHOT_V2,
+            "this build must write version 2 exactly as the fixture"
+        );
+    }
+
+    #[test]
+    fn committed_v1_snapshot_decodes_to_the_fixture_state_without_a_cluster_id() {
+        let applied = decode_snapshot(SNAPSHOT_V1, "fixture").expect("decode");
+        assert_eq!(applied, fixture_applied_v1());
         let allocations = &applied.registry.allocations;
         assert_eq!(allocations.epoch, 2);
         assert_eq!(
@@ -883,19 +1006,27 @@ mod tests {
             ])
         );
         assert_eq!(applied.registry.current().map(|v| v.number), Some(3));
+        let v1 = AppliedV1 {
+            last_applied: applied.last_applied,
+            membership: applied.membership.clone(),
+            registry: RegistryV1 {
+                versions: applied.registry.versions.clone(),
+                regions: applied.registry.regions.clone(),
+                allocations: applied.registry.allocations.clone(),
+            },
+        };
         assert_eq!(
-            encode_snapshot(&applied).expect("encode"),
-            SNAPSHOT_V1,
-            "this build must write version 1 exactly as the fixture"
+            bincode::serialize(&v1).expect("encode"),
+            payload(SNAPSHOT_V1),
+            "AppliedV1 must read and write version 1 exactly as the fixture"
         );
     }
 
     #[test]
     fn snapshot_without_a_header_decodes_as_version_1() {
         // What builds from before format versions send and store.
-        let unversioned = &SNAPSHOT_V1[SNAPSHOT_MAGIC.len() + 4..];
-        let applied = decode_snapshot(unversioned, "old snapshot").expect("decode");
-        assert_eq!(applied, fixture_applied());
+        let applied = decode_snapshot(payload(SNAPSHOT_V1), "old snapshot").expect("decode");
+        assert_eq!(applied, fixture_applied_v1());
     }
 
     #[test]
@@ -906,7 +1037,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "snapshot 3-1-42 is in storage format version 7, but this build knows only \
-             version(s) [1]; run a Meridian build that knows version 7"
+             version(s) [1, 2]; run a Meridian build that knows version 7"
         );
         let cut = decode_snapshot(&SNAPSHOT_V1[..6], "snapshot x").expect_err("cut short");
         assert!(cut.to_string().contains("cut short"), "{cut}");
@@ -916,8 +1047,8 @@ mod tests {
     async fn installing_a_snapshot_in_an_unknown_format_fails_and_keeps_the_state() {
         let dir = tempfile::tempdir().expect("temp dir");
         let (_log, mut sm) = open(dir.path()).expect("open");
-        let mut data = SNAPSHOT_V1.to_vec();
-        data[SNAPSHOT_MAGIC.len()..SNAPSHOT_MAGIC.len() + 4].copy_from_slice(&2u32.to_le_bytes());
+        let mut data = SNAPSHOT_V2.to_vec();
+        data[SNAPSHOT_MAGIC.len()..SNAPSHOT_MAGIC.len() + 4].copy_from_slice(&3u32.to_le_bytes());
         let applied = fixture_applied();
         let meta = SnapshotMeta {
             last_log_id: applied.last_applied,
@@ -927,15 +1058,19 @@ mod tests {
         let err = sm
             .install_snapshot(&meta, Box::new(Cursor::new(data)))
             .await
-            .expect_err("version 2 is unknown");
+            .expect_err("version 3 is unknown");
         assert!(
-            err.to_string().contains("format version 2"),
+            err.to_string().contains("format version 3"),
             "the error names the version: {err}"
         );
         assert_eq!(*sm.subscribe().borrow().as_ref(), Applied::default());
         sm.install_snapshot(&meta, Box::new(Cursor::new(SNAPSHOT_V1.to_vec())))
             .await
             .expect("version 1 installs");
+        assert_eq!(*sm.subscribe().borrow().as_ref(), fixture_applied_v1());
+        sm.install_snapshot(&meta, Box::new(Cursor::new(SNAPSHOT_V2.to_vec())))
+            .await
+            .expect("version 2 installs");
         assert_eq!(*sm.subscribe().borrow().as_ref(), applied);
     }
 
@@ -971,10 +1106,69 @@ mod tests {
             last_membership: applied.membership.clone(),
             snapshot_id: "fixture".into(),
         };
-        sm.install_snapshot(&meta, Box::new(Cursor::new(SNAPSHOT_V1.to_vec())))
+        sm.install_snapshot(&meta, Box::new(Cursor::new(SNAPSHOT_V2.to_vec())))
             .await
             .expect("install");
         dir
+    }
+
+    /// A data dir as a version-1 build leaves it: the v1 fixture's state and
+    /// snapshot, no `sm_meta.cluster_id`, and `format_version` 1 (`None`: not
+    /// recorded, as before formats were versioned).
+    async fn version_1_dir(format: Option<u32>) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("temp dir");
+        {
+            let (_log, mut sm) = open(dir.path()).expect("open");
+            let applied = fixture_applied_v1();
+            let meta = SnapshotMeta {
+                last_log_id: applied.last_applied,
+                last_membership: applied.membership.clone(),
+                snapshot_id: "fixture".into(),
+            };
+            sm.install_snapshot(&meta, Box::new(Cursor::new(SNAPSHOT_V1.to_vec())))
+                .await
+                .expect("install");
+        }
+        let db = Database::create(dir.path().join(DB_FILE)).expect("db");
+        let txn = db.begin_write().expect("txn");
+        txn.open_table(SM_META)
+            .expect("sm_meta")
+            .remove("cluster_id")
+            .expect("remove the cluster id");
+        txn.commit().expect("commit");
+        drop(db);
+        set_format(
+            dir.path(),
+            format.map(u32::to_le_bytes).as_ref().map(|b| &b[..]),
+        );
+        dir
+    }
+
+    #[tokio::test]
+    async fn a_version_1_data_dir_opens_without_a_cluster_id_and_is_recorded_as_version_2() {
+        let dir = version_1_dir(Some(1)).await;
+        assert_eq!(recorded_format(dir.path()), Some(1));
+        let (log, mut sm) = open(dir.path()).expect("a version 1 dir opens");
+        assert_eq!(*sm.subscribe().borrow().as_ref(), fixture_applied_v1());
+        // Its stored snapshot is still version 1, and still reads.
+        let snapshot = sm.get_current_snapshot().await.expect("read").expect("one");
+        assert_eq!(
+            decode_snapshot(snapshot.snapshot.get_ref(), "stored").expect("decode"),
+            fixture_applied_v1()
+        );
+        // The leader's id, applied on top, is kept across a reopen.
+        let id = ClusterId::random();
+        let next = LogId::new(openraft::CommittedLeaderId::new(3, 1), 43);
+        let entry = Entry {
+            log_id: next,
+            payload: EntryPayload::Normal(crate::coordinator::state::Command::SetClusterId(id)),
+        };
+        let out = sm.apply([entry]).await.expect("apply");
+        assert_eq!(out, vec![Outcome::Applied { version: None }]);
+        drop((log, sm));
+        assert_eq!(recorded_format(dir.path()), Some(FORMAT_VERSION));
+        let (_log, sm) = open(dir.path()).expect("reopen");
+        assert_eq!(sm.subscribe().borrow().registry.cluster_id, Some(id));
     }
 
     #[test]
@@ -985,13 +1179,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_data_dir_without_a_version_opens_as_version_1() {
-        let dir = dir_with_fixture_state().await;
-        set_format(dir.path(), None);
+    async fn a_data_dir_without_a_version_opens_as_version_1_and_is_migrated() {
+        let dir = version_1_dir(None).await;
         let (_log, sm) = open(dir.path()).expect("an unversioned dir opens");
-        assert_eq!(*sm.subscribe().borrow().as_ref(), fixture_applied());
+        assert_eq!(*sm.subscribe().borrow().as_ref(), fixture_applied_v1());
         drop((_log, sm));
-        assert_eq!(recorded_format(dir.path()), Some(UNVERSIONED_FORMAT));
+        assert_eq!(recorded_format(dir.path()), Some(FORMAT_VERSION));
     }
 
     #[tokio::test]
@@ -1004,7 +1197,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "coordinator.redb is in storage format version 9, but this build knows only \
-             version(s) [1]; run a Meridian build that knows version 9"
+             version(s) [1, 2]; run a Meridian build that knows version 9"
         );
         assert_eq!(
             recorded_format(dir.path()),
