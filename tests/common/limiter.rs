@@ -53,6 +53,14 @@ impl LimiterProcess {
         LimiterProcess::spawn(args, path, dir, false)
     }
 
+    /// [`LimiterProcess::start_without_rules`] with its info logs on a pipe,
+    /// read by [`LimiterProcess::terminate_reading_logs`].
+    pub fn start_without_rules_logging(args: &[&str]) -> LimiterProcess {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("rules.yaml");
+        LimiterProcess::spawn(args, path, dir, true)
+    }
+
     fn spawn(args: &[&str], path: PathBuf, dir: TempDir, capture_logs: bool) -> LimiterProcess {
         let log = if capture_logs {
             "meridian=info".to_string()
