@@ -88,6 +88,19 @@ async fn wait_refused(limiter: &LimiterProcess, within: Duration) {
     }
 }
 
+/// The rules cache's bytes once it is written (just after the rules it
+/// holds are applied).
+async fn wait_cached(cache: &Path) -> Vec<u8> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Ok(bytes) = std::fs::read(cache) {
+            return bytes;
+        }
+        assert!(Instant::now() < deadline, "the rules cache was not written");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Node `id`'s cluster id, once it has one.
 async fn cluster_id(cluster: &Cluster, id: u64, within: Duration) -> String {
     let deadline = Instant::now() + within;
@@ -160,8 +173,8 @@ async fn a_limiter_of_cluster_a_pointed_at_cluster_b_keeps_a_rules_and_cache() {
 
     let limiter = start(&limiter_args(&redis, &cache, &[a_url.as_str()], &[]));
     wait_for_limit(&limiter, 3, Duration::from_secs(10)).await;
+    let cached = wait_cached(&cache).await;
     drop(limiter);
-    let cached = std::fs::read(&cache).expect("the rules cache was written");
 
     // Restarted pointed at B only.
     let mut limiter = start_logging(&limiter_args(&redis, &cache, &[b_url.as_str()], &[]));
@@ -248,9 +261,9 @@ async fn a_limiter_given_another_clusters_id_applies_nothing_from_the_start() {
         &["--cluster-id", &a_id],
     ));
     wait_for_limit(&limiter, 3, Duration::from_secs(10)).await;
-    drop(limiter);
     let cached: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&cache).expect("cache")).expect("cache is JSON");
+        serde_json::from_slice(&wait_cached(&cache).await).expect("cache is JSON");
+    drop(limiter);
     assert_eq!(cached["cluster_id"], a_id.as_str());
 
     // A cache of cluster A and a --cluster-id of another: refused at start.
