@@ -70,7 +70,7 @@ pub struct LimiterArgs {
     /// keeps its rules and its cache, logs an error naming both ids, counts
     /// it in meridian_rule_updates_refused_total and tries the next
     /// --coordinator.
-    #[arg(long, value_name = "ID", requires = "coordinator")]
+    #[arg(long, value_name = "ID")]
     pub cluster_id: Option<ClusterId>,
 
     /// Redis for this region: redis://[user:pass@]host:port[/db], or rediss:// for
@@ -172,6 +172,10 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     let worker_count = args.threads.map_or_else(
         || std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
         std::num::NonZeroUsize::get,
+    );
+    anyhow::ensure!(
+        args.cluster_id.is_none() || !args.coordinator.is_empty(),
+        "--cluster-id pins the coordinator cluster: it needs --coordinator"
     );
     // What the coordinator feed starts from: the cached rules, if any.
     let mut held = rule_feed::Selection {
