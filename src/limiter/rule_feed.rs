@@ -44,7 +44,7 @@ pub struct Selection {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
     /// The node has no rule set, while this limiter enforces one: an empty
-    /// node (new, not joined, or of another cluster) — never "drop all rules".
+    /// node (new, or not joined) — never "drop all rules".
     NoVersion { held: u64 },
     /// The node is behind what this limiter already applied.
     Behind { index: u64, held: u64 },

@@ -15,8 +15,8 @@
 //! [`Command`](crate::coordinator::state::Command)) changes the format. The
 //! version is recorded twice:
 //! - per data dir: `raft_meta.format_version` (4 bytes, little-endian, not
-//!   bincode, so any build can read it), written when the dir is created and
-//!   checked by [`open`] before any other table is opened. It covers the log
+//!   bincode, so any build can read it), written when the dir is created (or
+//!   migrated, below) and checked by [`open`] before any other table is opened. It covers the log
 //!   too: a node never appends to a dir whose format it does not know, so
 //!   one dir never mixes formats and entries need no tag of their own;
 //! - per snapshot: [`SNAPSHOT_MAGIC`] and the version come before the
