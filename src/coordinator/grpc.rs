@@ -134,7 +134,11 @@ impl coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::WatchRulesRequest>,
     ) -> Result<Response<Self::WatchRulesStream>, Status> {
         self.serving()?;
-        let slot = self.streams.open(request.remote_addr())?;
+        let region = &request.get_ref().region;
+        speaks_for(&request, region, "watch rules for", false)?;
+        let slot = self
+            .streams
+            .open(crate::tls::peer(&request).map(|p| p.addr))?;
         let region = request.into_inner().region;
         tracing::info!(%region, "limiter watching rules");
         let mut applied = self.applied.clone();
@@ -168,9 +172,13 @@ impl coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         self.serving()?;
-        let slot = self.streams.open(request.remote_addr())?;
+        speaks_for(&request, &request.get_ref().region, "watch", false)?;
+        let slot = self
+            .streams
+            .open(crate::tls::peer(&request).map(|p| p.addr))?;
         let pb::WatchRequest { region, pod } = request.into_inner();
-        if !super::report::valid_region_name(&region) || pod.len() > super::report::MAX_POD_NAME {
+        if !crate::allocation::valid_region_name(&region) || pod.len() > super::report::MAX_POD_NAME
+        {
             return Err(Status::invalid_argument(
                 "region must be a region name (1–64 characters of a-z, 0-9, '-' or '_') and pod at most 253 bytes",
             ));
@@ -231,12 +239,44 @@ impl coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::DemandReport>,
     ) -> Result<Response<pb::ReportReply>, Status> {
         let forwarded = request.metadata().contains_key(FORWARDED);
+        speaks_for(&request, &request.get_ref().region, "report for", forwarded)?;
         let epoch = self
             .allocator
             .report(request.into_inner(), forwarded)
             .await?;
         Ok(Response::new(pb::ReportReply { epoch }))
     }
+}
+
+/// Refuses a caller whose certificate does not name `region`: a region's
+/// limiters watch and report for their own region only, whatever the
+/// message says. A node's certificate may only relay a report another node
+/// accepted (`relayed`). Over plaintext (`--insecure`) nothing is proven
+/// and the message is taken as it is.
+fn speaks_for<T>(
+    request: &Request<T>,
+    region: &str,
+    what: &str,
+    relayed: bool,
+) -> Result<(), Status> {
+    use crate::tls::Identity;
+    let Some(identity) = crate::tls::peer(request).and_then(|p| p.identity.as_ref()) else {
+        return Ok(());
+    };
+    let refusal = match identity {
+        Identity::Region(own) if own == region => return Ok(()),
+        Identity::Node(_) if relayed => return Ok(()),
+        Identity::Region(own) => {
+            format!("this certificate is region {own:?}'s; it cannot {what} region {region:?}")
+        }
+        Identity::Node(id) => format!(
+            "node {id}'s certificate cannot {what} a region: limiters use their region's certificate"
+        ),
+    };
+    metrics::counter!("meridian_coordinator_identity_refusals_total", "caller" => identity.kind())
+        .increment(1);
+    tracing::warn!(caller = %identity, %region, %refusal, "request refused");
+    Err(Status::permission_denied(refusal))
 }
 
 /// How many watch streams a node serves.

@@ -163,6 +163,9 @@ pub struct CoordinatorArgs {
     /// Keys per global rule that may get their own allocation.
     #[arg(long, default_value_t = 1000)]
     pub max_key_entries: usize,
+    /// `--tls-cert`, `--tls-key`, `--tls-ca`, `--insecure`.
+    #[command(flatten)]
+    pub tls: crate::tls::TlsArgs,
 }
 
 impl CoordinatorArgs {
@@ -348,6 +351,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
             args.id
         )));
     }
+    let transport = transport(&args, init.as_ref())?;
     let config = Arc::new(raft_config(&args)?);
     let allocator_config = args.allocator_config().map_err(RunError::Config)?;
     let prometheus = crate::telemetry::metrics();
@@ -363,7 +367,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         })?;
     let applied = state_machine.subscribe();
     let committed = log_store.committed_index();
-    let network = Network::default();
+    let network = Network::new(transport.clone());
     let contacts = network.contacts.clone();
     let raft = Raft::new(args.id, config, network, log_store, state_machine)
         .await
@@ -373,7 +377,9 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         raft_addr: args.raft_addr.to_string(),
         http_addr: args.http_addr.to_string(),
     };
-    let http = reqwest::Client::builder()
+    let http = transport
+        .http_client(reqwest::Client::builder())
+        .map_err(RunError::Config)?
         .connect_timeout(Duration::from_secs(1))
         .timeout(Duration::from_secs(90))
         .build()
@@ -387,6 +393,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         committed,
         admin_token: admin_token.clone(),
         http: http.clone(),
+        transport: transport.clone(),
     });
 
     let allocator = allocator::Allocator::new(
@@ -419,8 +426,21 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
                 per_client: args.max_watch_streams_per_client,
             },
         ));
+    let (grpc_tls, http_tls) = match transport.tls() {
+        Some(tls) => (
+            Some(tls.server_config(&[b"h2"]).map_err(RunError::Config)?),
+            Some(
+                tls.server_config_without_client_auth(&[b"h2", b"http/1.1"])
+                    .map_err(RunError::Config)?,
+            ),
+        ),
+        None => (None, None),
+    };
+    if let Some(tls) = transport.tls() {
+        tasks.spawn("TLS reload", Arc::clone(tls).watch());
+    }
     tasks.spawn_with_stop("gRPC server", move |stop| async move {
-        let incoming = tonic::transport::server::TcpIncoming::from(grpc_listener);
+        let incoming = crate::tls::incoming(grpc_listener, grpc_tls);
         if let Err(e) = grpc
             .serve_with_incoming_shutdown(incoming, stop.wait())
             .await
@@ -435,7 +455,8 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         shared_rule_floor: args.shared_rule_floor,
         read_token,
     });
-    let http_listener = api::CappedListener::new(http_listener, args.admin_max_connections);
+    let http_listener =
+        api::CappedListener::new(http_listener, args.admin_max_connections, http_tls);
     tasks.spawn_with_stop("admin HTTP server", move |stop| async move {
         let service = router.into_make_service_with_connect_info::<api::Peer>();
         let server = axum::serve(http_listener, service).with_graceful_shutdown(stop.wait());
@@ -443,7 +464,13 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
             tracing::warn!(error = %e, "http server");
         }
     });
-    tracing::info!(id = args.id, raft = %args.raft_addr, http = %args.http_addr, "coordinator listening");
+    tracing::info!(
+        id = args.id,
+        raft = %args.raft_addr,
+        http = %args.http_addr,
+        tls = transport.tls().is_some(),
+        "coordinator listening"
+    );
 
     if let Some(peers) = init {
         match raft.is_initialized().await {
@@ -493,6 +520,27 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         None => Ok(()),
         Some(reason) => Err(RunError::Raft(reason)),
     }
+}
+
+/// The transport the flags ask for: mutual TLS with this node's certificate,
+/// or plaintext with `--insecure` when every address involved is loopback.
+fn transport(
+    args: &CoordinatorArgs,
+    init: Option<&BTreeMap<NodeId, Member>>,
+) -> Result<crate::tls::Transport, RunError> {
+    let mut addrs = vec![
+        ("--raft-addr", args.raft_addr.to_string()),
+        ("--http-addr", args.http_addr.to_string()),
+    ];
+    if let Some(url) = &args.join {
+        addrs.push(("--join", url.clone()));
+    }
+    for member in init.into_iter().flat_map(|m| m.values()) {
+        addrs.push(("--init", member.raft_addr.clone()));
+        addrs.push(("--init", member.http_addr.clone()));
+    }
+    crate::tls::Transport::from_args(&args.tls, crate::tls::Identity::Node(args.id), &addrs)
+        .map_err(RunError::Config)
 }
 
 /// Resolves when the Raft core stops on its own: a storage error, such as a

@@ -212,6 +212,8 @@ pub struct Feed {
     /// every update it took): the fence [`admit`] holds updates against.
     /// `std` mutex: read and replaced between awaits, never held across one.
     pub held: std::sync::Mutex<Selection>,
+    /// TLS with this region's certificate, or plaintext (`--insecure`).
+    pub transport: crate::tls::Transport,
 }
 
 impl Feed {
@@ -238,10 +240,11 @@ impl Feed {
         source: &RuleSource,
         on_change: &impl Fn(),
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        let channel = tonic::transport::Endpoint::from_shared(url.to_string())?
-            .connect_timeout(Duration::from_secs(2))
-            .connect()
-            .await?;
+        let channel = self
+            .transport
+            .channel(url, crate::tls::Expect::AnyNode, |e| {
+                e.connect_timeout(Duration::from_secs(2))
+            })?;
         let mut stream = CoordinatorClient::new(channel)
             .max_decoding_message_size(crate::proto::MAX_UPDATE_BYTES)
             .watch(WatchRequest {
