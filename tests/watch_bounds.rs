@@ -355,3 +355,110 @@ async fn a_stopped_follower_refuses_watches_until_it_caught_up_and_ends_open_str
         answers.push(watch(&mut client).await);
     }
 }
+
+/// A process's resident set in kB, from /proc.
+fn rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The figure in README's performance section: a coordinator's RSS before
+/// and after 2,000 watch streams (20 per connection, as many pods share
+/// one) that each received their region's snapshot of 3,000 key entries.
+/// `cargo test --test watch_bounds -- --ignored --nocapture two_thousand`;
+/// `WATCH_MESSAGE_BYTES=N` sets the node's per-message budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a check"]
+async fn two_thousand_watch_streams_memory() {
+    let options = Options {
+        extra_args: [
+            "--rebalance-interval",
+            "1s",
+            "--max-watch-streams-per-client",
+            "2000",
+            "--watch-message-bytes",
+            &std::env::var("WATCH_MESSAGE_BYTES").unwrap_or_else(|_| "4128768".into()),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        ..Options::default()
+    };
+    let cluster = Cluster::start(1, options).await;
+    cluster.register_region(1, "mumbai").await;
+    cluster.register_region(1, "hyderabad").await;
+    let (status, body) = cluster.put_text(1, &global_rules()).await;
+    assert!((200..300).contains(&status), "PUT rules: {status} {body}");
+    let stop = Arc::new(AtomicBool::new(false));
+    let reporter = keep_reporting(&cluster, Arc::clone(&stop));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let (_, body) = cluster
+            .get(1, "/api/v1/allocations")
+            .await
+            .unwrap_or_default();
+        let entries: u64 = body["rules"].as_object().map_or(0, |rules| {
+            rules
+                .values()
+                .map(|r| r["key_entries"].as_u64().unwrap_or(0))
+                .sum()
+        });
+        if entries == (RULES * KEYS) as u64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = reporter.await;
+    let pid = cluster.node(1).pid().expect("running");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = rss_kb(pid);
+
+    let mut streams = Vec::new();
+    let mut snapshot_bytes = 0;
+    for c in 0..100 {
+        let client = CoordinatorClient::new(cluster.channel(1));
+        for s in 0..20 {
+            let region = if (c + s) % 2 == 0 {
+                "mumbai"
+            } else {
+                "hyderabad"
+            };
+            let mut stream = client
+                .clone()
+                .watch(pb::WatchRequest {
+                    region: region.into(),
+                    pod: format!("pod-{c}-{s}"),
+                })
+                .await
+                .expect("watch")
+                .into_inner();
+            loop {
+                let message = stream.next().await.expect("open").expect("ok");
+                if let Some(part) = message.allocations {
+                    snapshot_bytes = snapshot_bytes.max(prost::Message::encoded_len(&part));
+                    if !part.more {
+                        break;
+                    }
+                }
+            }
+            streams.push(stream);
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = rss_kb(pid);
+    let open = cluster
+        .metric(1, "meridian_coordinator_watch_streams")
+        .await;
+    eprintln!(
+        "{} streams open ({open} by the node), snapshot {snapshot_bytes} bytes: RSS {} MB before, {} MB after (+{:.1} kB per stream)",
+        streams.len(),
+        before / 1024,
+        after / 1024,
+        (after.saturating_sub(before)) as f64 / streams.len() as f64
+    );
+}
