@@ -8,6 +8,7 @@
 
 pub mod allocator;
 pub mod api;
+pub mod freshness;
 pub mod grpc;
 pub mod node;
 pub mod raft;
@@ -154,6 +155,11 @@ pub struct CoordinatorArgs {
     /// Most watch streams from one client address.
     #[arg(long, default_value_t = 1_000)]
     pub max_watch_streams_per_client: usize,
+    /// Most bytes one watch message encodes to; larger allocation updates
+    /// go in parts. Hidden: for tests that split a snapshot without
+    /// building megabytes of state.
+    #[arg(long, hide = true, default_value_t = crate::proto::WATCH_MESSAGE_BUDGET)]
+    pub watch_message_bytes: usize,
     /// Register a region the first time its limiters report (weight 1).
     /// For development and the demo: otherwise an admin registers regions
     /// (PUT /api/v1/regions/NAME) and reports from others are refused, so
@@ -369,7 +375,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
     let committed = log_store.committed_index();
     let network = Network::new(transport.clone());
     let contacts = network.contacts.clone();
-    let raft = Raft::new(args.id, config, network, log_store, state_machine)
+    let raft = Raft::new(args.id, config.clone(), network, log_store, state_machine)
         .await
         .map_err(|e| RunError::Raft(e.to_string()))?;
 
@@ -414,16 +420,27 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
             source,
         })?;
 
+    // A follower is cut off once silent for the longest election timeout,
+    // and behind once it has not applied in the shortest one a commit it was told.
+    let leader_contact = freshness::LeaderContact::new(
+        Duration::from_millis(config.election_timeout_max),
+        Duration::from_millis(config.election_timeout_min),
+    );
     let mut tasks = Tasks::new();
     let grpc = tonic::transport::Server::builder()
-        .add_service(RaftService::server(raft.clone()))
+        .add_service(RaftService::server(raft.clone(), leader_contact.clone()))
         .add_service(CoordinatorService::server(
             applied.clone(),
             Arc::clone(&allocator),
-            raft.clone(),
+            freshness::Freshness {
+                raft: raft.clone(),
+                contact: leader_contact,
+                peers: node.contacts.clone(),
+            },
             grpc::StreamLimits {
                 total: args.max_watch_streams,
                 per_client: args.max_watch_streams_per_client,
+                message_bytes: args.watch_message_bytes,
             },
         ));
     let (grpc_tls, http_tls) = match transport.tls() {

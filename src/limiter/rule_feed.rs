@@ -15,6 +15,7 @@ use tokio_stream::StreamExt;
 
 use super::global::Global;
 use super::rule_source::RuleSource;
+use crate::proto::allocation_parts::Assembly;
 use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
 use crate::proto::meridian::v1::{RolloutStage, RuleSetUpdate, RuleSetVersion, WatchRequest};
 use crate::rules::{RuleFile, RuleSet};
@@ -254,6 +255,8 @@ impl Feed {
             .await?
             .into_inner();
         tracing::info!(%url, "following the coordinator's rules and allocations");
+        // An update sent in parts is applied whole or not at all.
+        let mut parts = Assembly::default();
         while let Some(update) = stream.next().await {
             let update = update?;
             if let Some(rules) = &update.rules {
@@ -286,8 +289,9 @@ impl Feed {
                 }
             }
             // After the rules: a new global rule's window must be known.
-            if let Some(allocations) = &update.allocations
-                && self.global.apply(allocations, &source.current())
+            if let Some(part) = update.allocations
+                && let Some(allocations) = parts.add(part)?
+                && self.global.apply(&allocations, &source.current())
             {
                 on_change();
             }

@@ -77,6 +77,25 @@ impl Node {
         }
     }
 
+    /// The process id while the node runs (for /proc and signals).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Freezes the node (SIGSTOP): its sockets stay open, nothing answers.
+    pub fn pause(&self) {
+        if let Some(pid) = self.pid() {
+            super::signal(pid, "-STOP");
+        }
+    }
+
+    /// Lets a paused node run again (SIGCONT).
+    pub fn resume(&self) {
+        if let Some(pid) = self.pid() {
+            super::signal(pid, "-CONT");
+        }
+    }
+
     /// The last lines of the node's log, for failure messages.
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();

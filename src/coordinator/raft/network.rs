@@ -21,6 +21,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use super::{Member, NodeId, Raft, TypeConfig};
+use crate::coordinator::freshness::LeaderContact;
 use crate::proto::meridian::v1::RaftPayload;
 use crate::proto::meridian::v1::raft_client::RaftClient;
 use crate::proto::meridian::v1::raft_server;
@@ -185,11 +186,14 @@ impl RaftNetwork<TypeConfig> for Connection {
 /// local Raft node.
 pub struct RaftService {
     raft: Raft,
+    /// Told the leader's commit on every AppendEntries this node answers as
+    /// the current leader's follower: whether it is caught up (watches).
+    contact: LeaderContact,
 }
 
 impl RaftService {
-    pub fn server(raft: Raft) -> raft_server::RaftServer<RaftService> {
-        raft_server::RaftServer::new(RaftService { raft })
+    pub fn server(raft: Raft, contact: LeaderContact) -> raft_server::RaftServer<RaftService> {
+        raft_server::RaftServer::new(RaftService { raft, contact })
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
@@ -288,7 +292,14 @@ impl raft_server::Raft for RaftService {
         let caller = Caller::of(&request);
         let rpc: AppendEntriesRequest<TypeConfig> = decode(request)?;
         self.admit("append_entries", caller, &rpc.vote)?;
-        encode(&self.raft.append_entries(rpc).await)
+        let leader_commit = rpc.leader_commit.map_or(0, |l| l.index);
+        let reply = self.raft.append_entries(rpc).await;
+        // Any answer but "a higher vote" means the sender is the leader this
+        // node follows (a conflict too: the commit it names is still its).
+        if matches!(&reply, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
+            self.contact.told(leader_commit);
+        }
+        encode(&reply)
     }
 
     async fn install_snapshot(
