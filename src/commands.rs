@@ -9,3 +9,5 @@ pub use crate::limiter::cli::{LimiterArgs, run as limiter};
 pub use crate::rules::cli::{RulesArgs, run as rules};
 pub use crate::sim::cli::{SimulateArgs, run as simulate};
 pub use crate::telemetry::{LogFormat, init_logs};
+pub use crate::tls::certs::{CertsArgs, run as certs};
+pub use crate::tls::install_crypto_provider;

@@ -128,6 +128,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let token_file = dir.path().join("admin-token");
     write_secret(&token_file, &token).context("writing the demo's admin token")?;
     let mut procs: Vec<Proc> = Vec::new();
+    // The secure configuration, as the README recommends it: a CA of the
+    // demo's own and a certificate per node and per region (mutual TLS).
+    let pki = Pki::make(&dir.path().join("pki")).context("making the demo's certificates")?;
 
     // Coordinators.
     let mut coordinators = Vec::new();
@@ -152,6 +155,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             .args(["--http-addr", &format!("127.0.0.1:{http}")])
             .arg("--admin-token-file")
             .arg(&token_file)
+            .args(pki.flags(&crate::tls::Identity::Node(*id)))
             .args(["--rebalance-interval", &interval])
             .args(["--lease", &lease, "--suspect-after", &suspect]);
         if *id == 1 {
@@ -173,11 +177,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let coordinators: Vec<Coordinator> = coordinators
         .iter()
         .map(|(_, raft, http)| Coordinator {
-            http: format!("http://127.0.0.1:{http}"),
-            grpc: format!("http://127.0.0.1:{raft}"),
+            http: format!("https://127.0.0.1:{http}"),
+            grpc: format!("https://127.0.0.1:{raft}"),
         })
         .collect();
+    let ca_pem = std::fs::read(&pki.ca).context("reading the demo's CA")?;
     let client = reqwest::Client::builder()
+        .use_preconfigured_tls(crate::tls::trusting(&ca_pem).map_err(anyhow::Error::msg)?)
         .timeout(Duration::from_secs(10))
         .build()?;
     let admin = &coordinators[0].http;
@@ -252,6 +258,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             .args(["--region", name, "--pod-id", &format!("{name}-1")])
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
             .args(["--report-interval", &interval])
+            .args(pki.flags(&crate::tls::Identity::Region(name.to_string())))
             .arg("--rules-cache")
             .arg(dir.path().join(format!("rules-cache-{name}.json")));
         for c in &coordinators {
@@ -294,10 +301,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     );
     for (i, c) in coordinators.iter().enumerate() {
         println!(
-            "  coordinator {}: admin API {}/api/v1/allocations   metrics {}/metrics",
+            "  coordinator {}: admin API {}/api/v1/allocations   metrics {}/metrics   gRPC {}",
             i + 1,
             c.http,
-            c.http
+            c.http,
+            c.grpc
         );
     }
     for r in &regions {
@@ -310,6 +318,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             r.redis.as_deref().unwrap_or("embedded")
         );
     }
+    println!(
+        "  mutual TLS: CA {} (curl --cacert {0} …); node and region certificates beside it",
+        pki.ca.display()
+    );
     println!(
         "  admin token: in {} (export MERIDIAN_ADMIN_TOKEN=$(cat {0}))   logs: {}",
         token_file.display(),
@@ -367,6 +379,52 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     drop(rest);
     drop(dir);
     Ok(())
+}
+
+/// The demo's CA and the certificates of its nodes and regions.
+struct Pki {
+    dir: std::path::PathBuf,
+    ca: std::path::PathBuf,
+}
+
+impl Pki {
+    fn make(dir: &Path) -> anyhow::Result<Pki> {
+        use crate::tls::Identity;
+        use crate::tls::certs;
+        let ca = certs::new_ca("Meridian demo CA", 30).map_err(anyhow::Error::msg)?;
+        std::fs::create_dir_all(dir)?;
+        let ca_path = dir.join(certs::CA_CERT);
+        certs::write_atomic(&ca_path, &ca.cert_pem, false).map_err(anyhow::Error::msg)?;
+        let hosts = ["127.0.0.1".to_string(), "localhost".to_string()];
+        let nodes = (1..=3).map(Identity::Node);
+        let regions = REGIONS.iter().map(|r| Identity::Region(r.to_string()));
+        for identity in nodes.chain(regions) {
+            let hosts: &[String] = match identity {
+                Identity::Node(_) => &hosts,
+                Identity::Region(_) => &[],
+            };
+            let issued = certs::issue(&ca.cert_pem, &ca.key_pem, &identity, hosts, 30)
+                .map_err(anyhow::Error::msg)?;
+            certs::write_pair(dir, &certs::stem(&identity), &issued).map_err(anyhow::Error::msg)?;
+        }
+        // The CA key is not kept: the demo issues everything it needs now.
+        Ok(Pki {
+            dir: dir.to_path_buf(),
+            ca: ca_path,
+        })
+    }
+
+    fn flags(&self, identity: &crate::tls::Identity) -> Vec<std::ffi::OsString> {
+        let stem = crate::tls::certs::stem(identity);
+        vec![
+            "--tls-cert".into(),
+            self.dir.join(format!("{stem}.pem")).into(),
+            "--tls-key".into(),
+            self.dir.join(format!("{stem}-key.pem")).into(),
+            "--tls-ca".into(),
+            self.ca.clone().into(),
+        ]
+    }
 }
 
 /// What the traffic generator saw, per clock-aligned minute.

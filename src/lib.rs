@@ -46,6 +46,8 @@ pub mod store;
 mod tasks;
 #[cfg(feature = "server")]
 mod telemetry;
+#[cfg(feature = "server")]
+mod tls;
 
 pub use library::{BuildError, Builder, Limiter};
 pub use limiter::{EngineConfig, Source, Verdict};

@@ -41,10 +41,13 @@ enum Command {
     Bench(commands::BenchArgs),
     /// Check and explain rule files.
     Rules(commands::RulesArgs),
+    /// Make a CA and the certificates the control plane's mutual TLS needs.
+    Certs(commands::CertsArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    commands::install_crypto_provider();
     // openraft logs every election and snapshot step at info; a coordinator
     // shows its own and its libraries' info lines, openraft's warnings.
     let default_filter = match cli.command {
@@ -61,6 +64,13 @@ fn main() -> std::process::ExitCode {
         Command::Simulate(args) => commands::simulate(args),
         Command::Bench(args) => run(async { Ok(commands::bench(args).await.map(drop)?) }),
         Command::Rules(args) => commands::rules(args),
+        Command::Certs(args) => match commands::certs(args) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        },
     }
 }
 

@@ -53,6 +53,19 @@ pub mod meridian {
     }
 }
 
+/// The per-message budget of a coordinator's watch stream (`--watch-message-bytes`):
+/// an allocation update larger than this is sent in parts. Far below
+/// [`MAX_UPDATE_BYTES`], so a limiter of an older build, whose limit was
+/// tonic's 4 MiB default, still decodes every message.
+pub const WATCH_MESSAGE_BUDGET: usize = 4 * 1024 * 1024 - 64 * 1024;
+
+/// The most a limiter assembles from the parts of one allocation update:
+/// a region's snapshot of 1,000 global rules with 1,000 key entries each is
+/// well under it, a coordinator sending parts without end is not.
+pub const MAX_ASSEMBLED_UPDATE_BYTES: usize = 512 * 1024 * 1024;
+
+pub mod allocation_parts;
+
 /// The per-region allocation update travels as `meridian.v1.AllocationUpdate`;
 /// the coordinator builds it, the limiter reads it.
 mod allocation_wire {
@@ -100,6 +113,9 @@ mod allocation_wire {
                     })
                     .collect(),
                 removed_rules: u.removed_rules.clone(),
+                // Whole; the watch stream splits it if it must.
+                part: 0,
+                more: false,
             }
         }
     }

@@ -127,7 +127,7 @@ async fn the_admin_api_keeps_at_most_its_connection_cap_open() {
     let mut cluster = Cluster::start(1, options).await;
     // The harness's client keeps its connections alive: drop them, so the
     // two slots are the test's.
-    cluster.http = reqwest::Client::new();
+    cluster.http = common::http_client().build().expect("HTTP client");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let addr = cluster.node(1).http_addr.clone();
     let idle: Vec<TcpStream> = (0..2)
@@ -213,7 +213,9 @@ async fn the_redis_password_comes_from_a_file_and_never_appears_in_an_error() {
             &password.to_string_lossy(),
         ],
     );
-    let answer: serde_json::Value = reqwest::Client::new()
+    let answer: serde_json::Value = common::http_client()
+        .build()
+        .expect("HTTP client")
         .post(limiter.http_url("/v1/check"))
         .json(&serde_json::json!({"domain": "api", "rule": "r", "key": "a"}))
         .send()

@@ -67,7 +67,8 @@ async fn wait_for_limit(limiter: &LimiterProcess, want: u32, within: Duration) {
 
 /// The limiter's count of refused rule updates.
 async fn refused(limiter: &LimiterProcess) -> f64 {
-    let Ok(r) = reqwest::get(limiter.http_url("/metrics")).await else {
+    let client = common::http_client().build().expect("HTTP client");
+    let Ok(r) = client.get(limiter.http_url("/metrics")).send().await else {
         return 0.0;
     };
     let text = r.text().await.unwrap_or_default();
@@ -271,6 +272,7 @@ async fn a_limiter_given_another_clusters_id_applies_nothing_from_the_start() {
     let out = std::process::Command::new(common::meridian_bin())
         .arg("limiter")
         .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .arg("--insecure")
         .args(&args)
         .output()
         .expect("run the limiter");
@@ -385,6 +387,7 @@ async fn a_data_dir_of_format_1_is_migrated_and_its_leader_sets_a_cluster_id() {
             .args(["--id", "1", "--raft-addr", &format!("127.0.0.1:{}", free())])
             .args(["--http-addr", &http])
             .args(["--heartbeat-ms", "100", "--election-timeout-ms", "500"])
+            .arg("--insecure")
             .arg("--data-dir")
             .arg(&data)
             .arg("--admin-token-file")
@@ -394,7 +397,7 @@ async fn a_data_dir_of_format_1_is_migrated_and_its_leader_sets_a_cluster_id() {
             .map(Killed)
             .expect("spawn the coordinator")
     };
-    let client = reqwest::Client::new();
+    let client = common::http_client().build().expect("HTTP client");
     let get = |path: &str| {
         let request = client
             .get(format!("http://{http}{path}"))

@@ -53,13 +53,22 @@ async fn assert_versions(cluster: &Cluster, id: u64, acked: &BTreeMap<u64, Strin
     }
 }
 
+/// Every cluster here runs as deployed: mutual TLS between the nodes,
+/// certificates from `meridian certs`.
+fn tls() -> Options {
+    Options {
+        tls: true,
+        ..Options::default()
+    }
+}
+
 /// Kill -9 the leader 20 times with writes in between; the survivors keep
 /// serving and accepting, the killed node catches up from its data dir, and
 /// no acknowledged version is ever lost. Also measures write latency and
 /// failover time (printed; run with `--nocapture` to see them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_leader_keeps_rules() {
-    let options = Options::default();
+    let options = tls();
     let mut cluster = Cluster::start(3, options.clone()).await;
     let mut acked = BTreeMap::new();
     let text = rules_yaml("first");
@@ -144,7 +153,7 @@ async fn lagging_node_catches_up_by_snapshot() {
     let options = Options {
         snapshot_logs: 10,
         snapshot_keep_logs: 0,
-        ..Options::default()
+        ..tls()
     };
     let mut cluster = Cluster::start(3, options).await;
     let leader = cluster.wait_leader(Duration::from_secs(10)).await;
@@ -185,7 +194,7 @@ async fn lagging_node_catches_up_by_snapshot() {
 /// acknowledged write survives on the remaining nodes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grow_to_five_and_shrink_while_writing() {
-    let mut cluster = Cluster::start(3, Options::default()).await;
+    let mut cluster = Cluster::start(3, tls()).await;
     let writer_http = cluster.http.clone();
     let target = cluster.node(1).url();
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
@@ -261,7 +270,7 @@ async fn wait_voters(cluster: &Cluster, n: usize) {
 /// the node comes back from its data dir with everything it missed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_cleanly_and_node_comes_back() {
-    let mut cluster = Cluster::start(3, Options::default()).await;
+    let mut cluster = Cluster::start(3, tls()).await;
     let leader = cluster.wait_leader(Duration::from_secs(10)).await;
     let (v1, _) = put_until_ok(&cluster, leader, &rules_yaml("before-stop")).await;
     assert!(

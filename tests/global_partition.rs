@@ -4,7 +4,8 @@
 //! coordinator re-grants nothing of it before then and the world never
 //! exceeds L; with `partition: available` the others may take it after
 //! `suspect_after`, and the world exceeds L by at most the silent region's
-//! allocation, for at most one lease.
+//! allocation, for at most one lease. Every process speaks mutual TLS, as
+//! deployed (the proxies forward the TLS bytes as they are).
 
 mod common;
 
@@ -42,7 +43,13 @@ fn rules() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cut_off_region_holds_its_allocation_until_the_lease_then_its_fallback() {
-    let world = World::start(&rules(), &["mumbai", "hyderabad"]).await;
+    let world = World::start_as(
+        &rules(),
+        &["mumbai", "hyderabad"],
+        &["2s", "6s", "2s"],
+        true,
+    )
+    .await;
     let strict = Load::start(&world, "api", "strict", "acme", &[40, 40]);
     let avail = Load::start(&world, "api", "avail", "acme", &[40, 40]);
     world

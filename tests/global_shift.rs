@@ -3,7 +3,7 @@
 //! the regions, then shifts to 20/80. The allocations must follow, and in
 //! every clock-aligned window the world must admit at most L (fixed window,
 //! sliding counter; strict partition), and at most B + R·T over any interval
-//! for the token bucket.
+//! for the token bucket. Every process speaks mutual TLS, as deployed.
 
 mod common;
 
@@ -77,7 +77,13 @@ fn worst_bucket_excess(records: &[common::global::Record], burst: f64, rate_per_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn allocations_follow_a_shift_and_the_world_stays_within_its_limit() {
-    let world = World::start(&rules(), &["mumbai", "hyderabad"]).await;
+    let world = World::start_as(
+        &rules(),
+        &["mumbai", "hyderabad"],
+        &["2s", "6s", "2s"],
+        true,
+    )
+    .await;
     let loads: Vec<Load> = ["fw", "sc", "tb"]
         .iter()
         .map(|rule| Load::start(&world, "api", rule, "acme", &[60, 15]))

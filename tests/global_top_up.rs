@@ -56,7 +56,7 @@ async fn a_key_that_runs_out_mid_window_gets_topped_up_before_the_next_epoch() {
     eprintln!(
         "top-up: hyderabad reached 90 of L={L} {caught_up:?} after the move (rebalance interval 30 s)"
     );
-    let metrics = reqwest::get(world.regions[1].limiter.http_url("/metrics"))
+    let metrics = common::http_get(world.regions[1].limiter.http_url("/metrics"))
         .await
         .expect("metrics")
         .text()

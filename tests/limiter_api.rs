@@ -234,7 +234,7 @@ async fn native_batches_report_cost_retry_and_queue_delay() {
 async fn http_checks_answer_200_or_429_with_headers_and_400_for_bad_input() {
     let redis = RedisServer::start();
     let limiter = LimiterProcess::start(RULES, &["--redis", &redis.url()]);
-    let http = reqwest::Client::new();
+    let http = common::http_client().build().expect("HTTP client");
     let url = limiter.http_url("/v1/check");
     let body = serde_json::json!({"domain": "api", "rule": "per_customer", "key": "web"});
     common::clear_of_window_boundary(Duration::from_secs(60), Duration::from_secs(15)).await;
@@ -396,7 +396,9 @@ async fn workers_keep_one_count_across_connections() {
 
     // HTTP connections are handed to workers too (a new client, a new connection).
     for _ in 0..3 {
-        let health = reqwest::Client::new()
+        let health = common::http_client()
+            .build()
+            .expect("HTTP client")
             .get(limiter.http_url("/healthz"))
             .send()
             .await

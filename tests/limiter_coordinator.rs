@@ -200,6 +200,12 @@ async fn a_limiter_pointed_at_an_empty_node_keeps_its_rules_and_its_cache() {
         assert_eq!(status, 200, "{body}");
         let limiter = start(&[cluster.node(1).grpc_url()]);
         wait_for_limit(&limiter, 3, Duration::from_secs(10)).await;
+        // The cache is written just after the rules apply: wait for it
+        // before the limiter is killed.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !cache.exists() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
     let cached = std::fs::read(&cache).expect("the rules cache was written");
 
@@ -233,6 +239,7 @@ async fn a_limiter_pointed_at_an_empty_node_keeps_its_rules_and_its_cache() {
         .arg(dir.path().join("data"))
         .arg("--admin-token-file")
         .arg(dir.path().join("token"))
+        .arg("--insecure")
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("spawn a lone coordinator");

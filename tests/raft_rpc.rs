@@ -29,7 +29,7 @@ async fn state(cluster: &Cluster, id: u64) -> (u64, u64, u64, u16) {
     (
         n(&cluster_view, "term"),
         n(&cluster_view, "leader"),
-        n(&rules, "version"),
+        rules["current"]["number"].as_u64().unwrap_or(0),
         health,
     )
 }

@@ -416,9 +416,12 @@ fn widen(slots: &[f32], regions: usize) -> Box<[f32]> {
 }
 
 /// Which epoch each pod holds, from its reports and acknowledgements.
+/// Pods are keyed by (region, pod): pod names are unique only within a
+/// region (two clusters may both run `limiter-0`), and a pod speaks only
+/// for the region its certificate names.
 #[derive(Debug)]
 pub(crate) struct AckTracker {
-    pods: HashMap<String, PodAck>,
+    pods: HashMap<(String, String), PodAck>,
     /// Silence after which a pod heard again counts as back from a
     /// partition or a restart (`suspect_after`).
     quiet_ms: i64,
@@ -453,7 +456,8 @@ impl AckTracker {
 
     /// Records that `pod` of `region` holds `epoch`, heard at `now_ms`.
     pub fn record(&mut self, pod: &str, region: &str, epoch: Epoch, now_ms: Millis) {
-        let entry = self.pods.entry(pod.to_string()).or_insert(PodAck {
+        let key = (region.to_string(), pod.to_string());
+        let entry = self.pods.entry(key).or_insert(PodAck {
             region: region.to_string(),
             epoch,
             at_ms: now_ms,
@@ -463,15 +467,21 @@ impl AckTracker {
         if now_ms - entry.at_ms > self.quiet_ms {
             entry.since_ms = now_ms;
         }
-        entry.region = region.to_string();
         entry.epoch = epoch;
         entry.at_ms = entry.at_ms.max(now_ms);
     }
 
     /// Records what a pod saw of `rule`'s window starting at `window_start_ms`
     /// (after [`AckTracker::record`] for the same report).
-    pub fn record_use(&mut self, pod: &str, rule: &str, window_start_ms: Millis, used: WindowUse) {
-        let Some(entry) = self.pods.get_mut(pod) else {
+    pub fn record_use(
+        &mut self,
+        pod: &str,
+        region: &str,
+        rule: &str,
+        window_start_ms: Millis,
+        used: WindowUse,
+    ) {
+        let Some(entry) = self.pods.get_mut(&(region.to_string(), pod.to_string())) else {
             return;
         };
         match entry.used.iter_mut().find(|(r, _, _)| r == rule) {
@@ -555,8 +565,8 @@ impl AckTracker {
         let mut out: Vec<PodEpoch> = self
             .pods
             .iter()
-            .map(|(pod, p)| PodEpoch {
-                region: p.region.clone(),
+            .map(|((region, pod), p)| PodEpoch {
+                region: region.clone(),
                 pod: pod.clone(),
                 epoch: p.epoch,
                 last_heard_ms: p.at_ms,

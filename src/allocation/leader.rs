@@ -353,8 +353,13 @@ impl Leader {
         self.acks
             .record(&report.pod, &report.region, report.epoch, now);
         for u in &report.used {
-            self.acks
-                .record_use(&report.pod, &u.rule, u.window_start_ms, u.used);
+            self.acks.record_use(
+                &report.pod,
+                &report.region,
+                &u.rule,
+                u.window_start_ms,
+                u.used,
+            );
         }
         let after = self.acks.region(&report.region, now, lease_ms).0;
         if after > before && transition_pending(state) {

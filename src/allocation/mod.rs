@@ -36,6 +36,17 @@ pub type Epoch = u64;
 /// commands so every node applies the same value).
 pub type Millis = i64;
 
+/// Whether `name` may name a region: 1–64 characters of a-z, 0-9, '-' or
+/// '_' (the admin API's rule for `PUT /api/v1/regions/{name}`, and the
+/// certificates' `meridian://region/NAME`).
+pub fn valid_region_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
 /// A region asks for an early top-up of a key once it has used this
 /// fraction of its allocation in the current window.
 pub const TOP_UP_AT: f64 = 0.9;

@@ -415,6 +415,18 @@ fn a_region_acknowledges_when_every_recent_pod_holds_the_epoch() {
     assert_eq!(acks.region("a", 20_000, 10_000).0, Some(9));
 }
 
+#[test]
+fn pods_of_the_same_name_in_two_regions_acknowledge_apart() {
+    // Two Kubernetes clusters both run `limiter-0`: one region's report
+    // must not move the other's acknowledgement.
+    let mut acks = AckTracker::default();
+    acks.record("limiter-0", "a", 7, 1_000);
+    acks.record("limiter-0", "b", 3, 1_000);
+    assert_eq!(acks.region("a", 1_500, 10_000).0, Some(7));
+    assert_eq!(acks.region("b", 1_500, 10_000).0, Some(3));
+    assert_eq!(acks.pods().len(), 2);
+}
+
 /// One random round: demand per region, which regions are reachable and
 /// which epoch each reachable region acknowledges (fraction of the way
 /// from what it acked to the newest).
@@ -978,10 +990,10 @@ fn a_region_use_is_complete_only_when_every_live_pod_reported_the_window() {
     let mut acks = AckTracker::default();
     acks.record("m-0", "m", 3, 1_000);
     acks.record("m-1", "m", 3, 1_000);
-    acks.record_use("m-0", "r", 0, use_of(40, 300));
+    acks.record_use("m-0", "m", "r", 0, use_of(40, 300));
     let got = acks.region_use("m", "r", 0, 1_000, 5_000);
     assert_eq!((got.used, got.known()), (use_of(40, 300), false));
-    acks.record_use("m-1", "r", 0, use_of(70, 250));
+    acks.record_use("m-1", "m", "r", 0, use_of(70, 250));
     let got = acks.region_use("m", "r", 0, 1_000, 5_000);
     assert_eq!((got.used, got.known()), (use_of(70, 300), true));
     // Another window: nothing known of it yet.
@@ -989,7 +1001,7 @@ fn a_region_use_is_complete_only_when_every_live_pod_reported_the_window() {
     assert_eq!((got.reported, got.known()), (0, false));
     // A pod silent for longer than `within` no longer counts.
     acks.record("m-0", "m", 3, 9_000);
-    acks.record_use("m-0", "r", 0, use_of(50, 300));
+    acks.record_use("m-0", "m", "r", 0, use_of(50, 300));
     let got = acks.region_use("m", "r", 0, 9_000, 5_000);
     assert_eq!((got.used, got.known()), (use_of(50, 300), true));
     assert!(!acks.region_use("x", "r", 0, 9_000, 5_000).known());

@@ -28,6 +28,7 @@ use crate::clock::now_unix_ms;
 use crate::proto::meridian::v1 as pb;
 use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
 use crate::rules::{RuleFile, RuleSet};
+use crate::tls::Expect;
 
 /// gRPC metadata marking a report relayed by another node.
 pub const FORWARDED: &str = "x-meridian-forwarded";
@@ -137,19 +138,24 @@ impl Allocator {
                 "not the leader (a relayed report is not relayed again)",
             ));
         }
-        let Some((_, leader)) = self.node.leader() else {
-            return Err(Status::unavailable("no leader known; retry"));
-        };
+        let (leader_id, leader) = self
+            .node
+            .leader()
+            .ok_or_else(|| Status::unavailable("no leader known; retry"))?;
         let mut cached = self.leader_client.lock().await;
         let client = match cached.as_ref() {
             Some((addr, client)) if *addr == leader.raft_addr => client.clone(),
             _ => {
-                let endpoint =
-                    tonic::transport::Endpoint::from_shared(format!("http://{}", leader.raft_addr))
-                        .map_err(|e| Status::internal(e.to_string()))?
-                        .connect_timeout(Duration::from_secs(1))
-                        .timeout(Duration::from_secs(5));
-                let client = CoordinatorClient::new(endpoint.connect_lazy());
+                let url = self.node.transport.url(&leader.raft_addr);
+                let channel = self
+                    .node
+                    .transport
+                    .channel(&url, Expect::Node(leader_id), |e| {
+                        e.connect_timeout(Duration::from_secs(1))
+                            .timeout(Duration::from_secs(5))
+                    })
+                    .map_err(Status::internal)?;
+                let client = CoordinatorClient::new(channel);
                 *cached = Some((leader.raft_addr.clone(), client.clone()));
                 client
             }

@@ -5,18 +5,21 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
+use prost::Message;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::allocator::{Allocator, FORWARDED};
-use super::raft::Raft;
+use super::freshness::Freshness;
 use super::raft::storage::Applied;
 use super::state::{RuleSetVersion, Stage};
 use crate::allocation::Epoch;
 use crate::allocation::table::region_update;
+use crate::proto::allocation_parts;
 use crate::proto::meridian::v1 as pb;
 use crate::proto::meridian::v1::coordinator_server;
 
@@ -25,9 +28,10 @@ use crate::proto::meridian::v1::coordinator_server;
 pub struct CoordinatorService {
     applied: watch::Receiver<Arc<Applied>>,
     allocator: Arc<Allocator>,
-    /// Whether this node is in a cluster and hears a leader: a node that is
-    /// not serves no watch, so a limiter never follows an empty node.
-    raft: Raft,
+    /// Whether this node is in a cluster, hears a leader and is caught up
+    /// with its commit: a node that is not serves no watch (and ends open
+    /// ones), so a limiter never follows an empty or lagging node.
+    freshness: Freshness,
     /// Open watch streams, capped in all and per client address.
     streams: Arc<Streams>,
     /// The allocation updates of the latest epochs, computed once per
@@ -39,42 +43,25 @@ impl CoordinatorService {
     pub fn server(
         applied: watch::Receiver<Arc<Applied>>,
         allocator: Arc<Allocator>,
-        raft: Raft,
+        freshness: Freshness,
         limits: StreamLimits,
     ) -> coordinator_server::CoordinatorServer<CoordinatorService> {
         coordinator_server::CoordinatorServer::new(CoordinatorService {
             applied,
             allocator,
-            raft,
+            freshness,
             streams: Arc::new(Streams::new(limits)),
-            updates: Arc::new(UpdateCache::default()),
+            updates: Arc::new(UpdateCache::new(limits.message_bytes)),
         })
         .max_decoding_message_size(crate::proto::MAX_REPORT_BYTES)
         .max_encoding_message_size(crate::proto::MAX_UPDATE_BYTES)
     }
 
-    /// `Ok` when this node may serve a watch: it is a member of a cluster and
-    /// knows the leader, so what it applied is the cluster's, not an empty
-    /// node's "no version" or a cut-off node's stale state; and it has
-    /// applied the cluster's id, which every update carries.
+    /// `Ok` when this node may serve a watch: it is fresh
+    /// ([`Freshness::serving`]: a member, hearing the leader, caught up) and
+    /// has applied the cluster's id, which every update carries.
     fn serving(&self) -> Result<(), Status> {
-        let metrics = self.raft.metrics().borrow().clone();
-        if metrics
-            .membership_config
-            .membership()
-            .nodes()
-            .next()
-            .is_none()
-        {
-            return Err(Status::unavailable(
-                "this node is in no cluster yet (not initialised or joined); watch another",
-            ));
-        }
-        if metrics.current_leader.is_none() {
-            return Err(Status::unavailable(
-                "this node knows no leader (an election, or it is cut off); watch another",
-            ));
-        }
+        self.freshness.serving()?;
         if self.applied.borrow().registry.cluster_id.is_none() {
             // Limiters pin the id of the first cluster they follow: without
             // one they could not tell this cluster's rules from another's.
@@ -135,6 +122,84 @@ fn rules_key(u: &pb::RuleSetUpdate) -> RulesKey {
     )
 }
 
+/// How often an open stream checks that its node is still caught up.
+const FRESHNESS_CHECK: Duration = Duration::from_millis(500);
+
+/// Waits until the applied state changes: true then. False when the stream
+/// should end: the state is gone, the client left, or this node fell behind
+/// the leader (the client is told why, and moves to another node).
+async fn next_change<T>(
+    applied: &mut watch::Receiver<Arc<Applied>>,
+    tx: &mpsc::Sender<Result<T, Status>>,
+    freshness: &Freshness,
+) -> bool {
+    let mut check = tokio::time::interval_at(
+        tokio::time::Instant::now() + FRESHNESS_CHECK,
+        FRESHNESS_CHECK,
+    );
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            changed = applied.changed() => break changed.is_ok() && still_serving(tx, freshness).await,
+            _ = check.tick() => if !still_serving(tx, freshness).await { break false },
+            () = tx.closed() => break false,
+        }
+    }
+}
+
+/// Whether this node still serves; if not, ends the stream with the reason.
+async fn still_serving<T>(tx: &mpsc::Sender<Result<T, Status>>, freshness: &Freshness) -> bool {
+    match freshness.serving() {
+        Ok(()) => true,
+        Err(status) => {
+            tracing::info!(
+                reason = status.message(),
+                "ending a watch: this node is not caught up"
+            );
+            let _ = tx.send(Err(status)).await;
+            false
+        }
+    }
+}
+
+/// Sends `rules` and an allocation update's parts as watch messages: the
+/// rules ride with the first part when both fit the budget. False once the
+/// stream is gone.
+async fn send_update(
+    tx: &mpsc::Sender<Result<pb::WatchUpdate, Status>>,
+    rules: Option<pb::RuleSetUpdate>,
+    parts: &[pb::AllocationUpdate],
+    message_bytes: usize,
+) -> bool {
+    let mut parts = parts.iter();
+    let mut first = pb::WatchUpdate {
+        rules,
+        allocations: parts.next().cloned(),
+    };
+    if first.rules.is_some() && first.allocations.is_some() && first.encoded_len() > message_bytes {
+        let alone = pb::WatchUpdate {
+            rules: first.rules.take(),
+            allocations: None,
+        };
+        if tx.send(Ok(alone)).await.is_err() {
+            return false;
+        }
+    }
+    if tx.send(Ok(first)).await.is_err() {
+        return false;
+    }
+    for part in parts {
+        let message = pb::WatchUpdate {
+            rules: None,
+            allocations: Some(part.clone()),
+        };
+        if tx.send(Ok(message)).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
 type UpdateStream = Pin<Box<dyn Stream<Item = Result<pb::RuleSetUpdate, Status>> + Send>>;
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchUpdate, Status>> + Send>>;
 
@@ -147,10 +212,15 @@ impl coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::WatchRulesRequest>,
     ) -> Result<Response<Self::WatchRulesStream>, Status> {
         self.serving()?;
-        let slot = self.streams.open(request.remote_addr())?;
+        let region = &request.get_ref().region;
+        speaks_for(&request, region, "watch rules for", false)?;
+        let slot = self
+            .streams
+            .open(crate::tls::peer(&request).map(|p| p.addr))?;
         let region = request.into_inner().region;
         tracing::info!(%region, "limiter watching rules");
         let mut applied = self.applied.clone();
+        let freshness = self.freshness.clone();
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
             let _slot = slot;
@@ -164,9 +234,8 @@ impl coordinator_server::Coordinator for CoordinatorService {
                     }
                     last_sent = Some(key);
                 }
-                tokio::select! {
-                    changed = applied.changed() => if changed.is_err() { break },
-                    () = tx.closed() => break,
+                if !next_change(&mut applied, &tx, &freshness).await {
+                    break;
                 }
             }
             tracing::debug!(%region, "rules watch ended");
@@ -181,16 +250,22 @@ impl coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         self.serving()?;
-        let slot = self.streams.open(request.remote_addr())?;
+        speaks_for(&request, &request.get_ref().region, "watch", false)?;
+        let slot = self
+            .streams
+            .open(crate::tls::peer(&request).map(|p| p.addr))?;
         let pb::WatchRequest { region, pod } = request.into_inner();
-        if !super::report::valid_region_name(&region) || pod.len() > super::report::MAX_POD_NAME {
+        if !crate::allocation::valid_region_name(&region) || pod.len() > super::report::MAX_POD_NAME
+        {
             return Err(Status::invalid_argument(
                 "region must be a region name (1–64 characters of a-z, 0-9, '-' or '_') and pod at most 253 bytes",
             ));
         }
         let updates = Arc::clone(&self.updates);
+        let message_bytes = self.updates.message_bytes;
         tracing::info!(%region, %pod, "limiter watching rules and allocations");
         let mut applied = self.applied.clone();
+        let freshness = self.freshness.clone();
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
             let _slot = slot;
@@ -214,11 +289,8 @@ impl coordinator_server::Coordinator for CoordinatorService {
                     Some(_) => None,
                 };
                 if rules.is_some() || allocations.is_some() {
-                    let message = pb::WatchUpdate {
-                        rules,
-                        allocations: allocations.map(|a| (*a).clone()),
-                    };
-                    if tx.send(Ok(message)).await.is_err() {
+                    let parts = allocations.as_deref().map_or(&[][..], Vec::as_slice);
+                    if !send_update(&tx, rules, parts, message_bytes).await {
                         break;
                     }
                     rules_sent = Some(key);
@@ -229,9 +301,8 @@ impl coordinator_server::Coordinator for CoordinatorService {
                 {
                     allocations_sent = Some(state.clone());
                 }
-                tokio::select! {
-                    changed = applied.changed() => if changed.is_err() { break },
-                    () = tx.closed() => break,
+                if !next_change(&mut applied, &tx, &freshness).await {
+                    break;
                 }
             }
             tracing::debug!(%region, %pod, "watch ended");
@@ -244,6 +315,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::DemandReport>,
     ) -> Result<Response<pb::ReportReply>, Status> {
         let forwarded = request.metadata().contains_key(FORWARDED);
+        speaks_for(&request, &request.get_ref().region, "report for", forwarded)?;
         let epoch = self
             .allocator
             .report(request.into_inner(), forwarded)
@@ -252,13 +324,46 @@ impl coordinator_server::Coordinator for CoordinatorService {
     }
 }
 
-/// How many watch streams a node serves.
+/// Refuses a caller whose certificate does not name `region`: a region's
+/// limiters watch and report for their own region only, whatever the
+/// message says. A node's certificate may only relay a report another node
+/// accepted (`relayed`). Over plaintext (`--insecure`) nothing is proven
+/// and the message is taken as it is.
+fn speaks_for<T>(
+    request: &Request<T>,
+    region: &str,
+    what: &str,
+    relayed: bool,
+) -> Result<(), Status> {
+    use crate::tls::Identity;
+    let Some(identity) = crate::tls::peer(request).and_then(|p| p.identity.as_ref()) else {
+        return Ok(());
+    };
+    let refusal = match identity {
+        Identity::Region(own) if own == region => return Ok(()),
+        Identity::Node(_) if relayed => return Ok(()),
+        Identity::Region(own) => {
+            format!("this certificate is region {own:?}'s; it cannot {what} region {region:?}")
+        }
+        Identity::Node(id) => format!(
+            "node {id}'s certificate cannot {what} a region: limiters use their region's certificate"
+        ),
+    };
+    metrics::counter!("meridian_coordinator_identity_refusals_total", "caller" => identity.kind())
+        .increment(1);
+    tracing::warn!(caller = %identity, %region, %refusal, "request refused");
+    Err(Status::permission_denied(refusal))
+}
+
+/// How many watch streams a node serves, and how large their messages are.
 #[derive(Debug, Clone, Copy)]
 pub struct StreamLimits {
     /// In all (`--max-watch-streams`).
     pub total: usize,
     /// From one client address (`--max-watch-streams-per-client`).
     pub per_client: usize,
+    /// The most bytes one watch message encodes to (`--watch-message-bytes`).
+    pub message_bytes: usize,
 }
 
 /// The open watch streams, by client address.
@@ -334,27 +439,32 @@ impl Drop for StreamSlot {
 
 /// The epoch a stream last sent (`None`: none yet) and its region.
 type UpdateKey = (Option<Epoch>, String);
-/// What such a stream sends (`None`: nothing for its region).
-type SharedUpdate = Option<Arc<pb::AllocationUpdate>>;
+/// What such a stream sends, as the parts that fit the per-message budget
+/// (`None`: nothing for its region).
+type SharedUpdate = Option<Arc<Vec<pb::AllocationUpdate>>>;
 
 /// Allocation updates for the newest epoch, keyed by the epoch a stream
 /// last sent (`None`: it needs a snapshot) and its region. Cleared when the
 /// epoch moves, so it holds one epoch's worth: a few entries per region.
-#[derive(Default)]
 pub struct UpdateCache {
     /// `std` mutex: held while one update is computed, never across an `.await`.
     entries: std::sync::Mutex<(Epoch, HashMap<UpdateKey, SharedUpdate>)>,
+    /// The most bytes one watch message may encode to: larger updates are
+    /// split into parts.
+    message_bytes: usize,
 }
 
 impl UpdateCache {
+    fn new(message_bytes: usize) -> UpdateCache {
+        UpdateCache {
+            entries: std::sync::Mutex::new((0, HashMap::new())),
+            message_bytes,
+        }
+    }
+
     /// What a stream for `region` that last sent `sent` sends now that
     /// `state` is applied.
-    fn get(
-        &self,
-        sent: Option<&Arc<Applied>>,
-        state: &Applied,
-        region: &str,
-    ) -> Option<Arc<pb::AllocationUpdate>> {
+    fn get(&self, sent: Option<&Arc<Applied>>, state: &Applied, region: &str) -> SharedUpdate {
         let current = &state.registry.allocations;
         let from = sent.map(|s| s.registry.allocations.epoch);
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
@@ -368,7 +478,18 @@ impl UpdateCache {
             None => region_update(current, region, None),
             Some(s) => region_update(current, region, Some(&s.registry.allocations.diff(current))),
         }
-        .map(|u| Arc::new(pb::AllocationUpdate::from(&u)));
+        .map(|u| {
+            let parts = allocation_parts::split(pb::AllocationUpdate::from(&u), self.message_bytes);
+            if parts.len() > 1 {
+                tracing::debug!(
+                    region,
+                    epoch = u.epoch,
+                    parts = parts.len(),
+                    "allocation update sent in parts"
+                );
+            }
+            Arc::new(parts)
+        });
         entries.1.insert((from, region.to_string()), update.clone());
         update
     }
@@ -383,6 +504,7 @@ mod tests {
         let streams = Arc::new(Streams::new(StreamLimits {
             total: 3,
             per_client: 2,
+            message_bytes: crate::proto::WATCH_MESSAGE_BUDGET,
         }));
         let a: std::net::SocketAddr = "10.0.0.1:5000".parse().expect("addr");
         let b: std::net::SocketAddr = "10.0.0.2:5000".parse().expect("addr");

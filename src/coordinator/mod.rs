@@ -8,6 +8,7 @@
 
 pub mod allocator;
 pub mod api;
+pub mod freshness;
 pub mod grpc;
 pub mod node;
 pub mod raft;
@@ -154,6 +155,11 @@ pub struct CoordinatorArgs {
     /// Most watch streams from one client address.
     #[arg(long, default_value_t = 1_000)]
     pub max_watch_streams_per_client: usize,
+    /// Most bytes one watch message encodes to; larger allocation updates
+    /// go in parts. Hidden: for tests that split a snapshot without
+    /// building megabytes of state.
+    #[arg(long, hide = true, default_value_t = crate::proto::WATCH_MESSAGE_BUDGET)]
+    pub watch_message_bytes: usize,
     /// Register a region the first time its limiters report (weight 1).
     /// For development and the demo: otherwise an admin registers regions
     /// (PUT /api/v1/regions/NAME) and reports from others are refused, so
@@ -163,6 +169,9 @@ pub struct CoordinatorArgs {
     /// Keys per global rule that may get their own allocation.
     #[arg(long, default_value_t = 1000)]
     pub max_key_entries: usize,
+    /// `--tls-cert`, `--tls-key`, `--tls-ca`, `--insecure`.
+    #[command(flatten)]
+    pub tls: crate::tls::TlsArgs,
 }
 
 impl CoordinatorArgs {
@@ -348,6 +357,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
             args.id
         )));
     }
+    let transport = transport(&args, init.as_ref())?;
     let config = Arc::new(raft_config(&args)?);
     let allocator_config = args.allocator_config().map_err(RunError::Config)?;
     let prometheus = crate::telemetry::metrics();
@@ -363,9 +373,9 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         })?;
     let applied = state_machine.subscribe();
     let committed = log_store.committed_index();
-    let network = Network::default();
+    let network = Network::new(transport.clone());
     let contacts = network.contacts.clone();
-    let raft = Raft::new(args.id, config, network, log_store, state_machine)
+    let raft = Raft::new(args.id, config.clone(), network, log_store, state_machine)
         .await
         .map_err(|e| RunError::Raft(e.to_string()))?;
 
@@ -373,7 +383,9 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         raft_addr: args.raft_addr.to_string(),
         http_addr: args.http_addr.to_string(),
     };
-    let http = reqwest::Client::builder()
+    let http = transport
+        .http_client(reqwest::Client::builder())
+        .map_err(RunError::Config)?
         .connect_timeout(Duration::from_secs(1))
         .timeout(Duration::from_secs(90))
         .build()
@@ -387,6 +399,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         committed,
         admin_token: admin_token.clone(),
         http: http.clone(),
+        transport: transport.clone(),
     });
 
     let allocator = allocator::Allocator::new(
@@ -407,20 +420,44 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
             source,
         })?;
 
+    // A follower is cut off once silent for the longest election timeout,
+    // and behind once it has not applied in the shortest one a commit it was told.
+    let leader_contact = freshness::LeaderContact::new(
+        Duration::from_millis(config.election_timeout_max),
+        Duration::from_millis(config.election_timeout_min),
+    );
     let mut tasks = Tasks::new();
     let grpc = tonic::transport::Server::builder()
-        .add_service(RaftService::server(raft.clone()))
+        .add_service(RaftService::server(raft.clone(), leader_contact.clone()))
         .add_service(CoordinatorService::server(
             applied.clone(),
             Arc::clone(&allocator),
-            raft.clone(),
+            freshness::Freshness {
+                raft: raft.clone(),
+                contact: leader_contact,
+                peers: node.contacts.clone(),
+            },
             grpc::StreamLimits {
                 total: args.max_watch_streams,
                 per_client: args.max_watch_streams_per_client,
+                message_bytes: args.watch_message_bytes,
             },
         ));
+    let (grpc_tls, http_tls) = match transport.tls() {
+        Some(tls) => (
+            Some(tls.server_config(&[b"h2"]).map_err(RunError::Config)?),
+            Some(
+                tls.server_config_without_client_auth(&[b"h2", b"http/1.1"])
+                    .map_err(RunError::Config)?,
+            ),
+        ),
+        None => (None, None),
+    };
+    if let Some(tls) = transport.tls() {
+        tasks.spawn("TLS reload", Arc::clone(tls).watch());
+    }
     tasks.spawn_with_stop("gRPC server", move |stop| async move {
-        let incoming = tonic::transport::server::TcpIncoming::from(grpc_listener);
+        let incoming = crate::tls::incoming(grpc_listener, grpc_tls);
         if let Err(e) = grpc
             .serve_with_incoming_shutdown(incoming, stop.wait())
             .await
@@ -435,7 +472,8 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         shared_rule_floor: args.shared_rule_floor,
         read_token,
     });
-    let http_listener = api::CappedListener::new(http_listener, args.admin_max_connections);
+    let http_listener =
+        api::CappedListener::new(http_listener, args.admin_max_connections, http_tls);
     tasks.spawn_with_stop("admin HTTP server", move |stop| async move {
         let service = router.into_make_service_with_connect_info::<api::Peer>();
         let server = axum::serve(http_listener, service).with_graceful_shutdown(stop.wait());
@@ -443,7 +481,13 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
             tracing::warn!(error = %e, "http server");
         }
     });
-    tracing::info!(id = args.id, raft = %args.raft_addr, http = %args.http_addr, "coordinator listening");
+    tracing::info!(
+        id = args.id,
+        raft = %args.raft_addr,
+        http = %args.http_addr,
+        tls = transport.tls().is_some(),
+        "coordinator listening"
+    );
 
     if let Some(peers) = init {
         match raft.is_initialized().await {
@@ -494,6 +538,27 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         None => Ok(()),
         Some(reason) => Err(RunError::Raft(reason)),
     }
+}
+
+/// The transport the flags ask for: mutual TLS with this node's certificate,
+/// or plaintext with `--insecure` when every address involved is loopback.
+fn transport(
+    args: &CoordinatorArgs,
+    init: Option<&BTreeMap<NodeId, Member>>,
+) -> Result<crate::tls::Transport, RunError> {
+    let mut addrs = vec![
+        ("--raft-addr", args.raft_addr.to_string()),
+        ("--http-addr", args.http_addr.to_string()),
+    ];
+    if let Some(url) = &args.join {
+        addrs.push(("--join", url.clone()));
+    }
+    for member in init.into_iter().flat_map(|m| m.values()) {
+        addrs.push(("--init", member.raft_addr.clone()));
+        addrs.push(("--init", member.http_addr.clone()));
+    }
+    crate::tls::Transport::from_args(&args.tls, crate::tls::Identity::Node(args.id), &addrs)
+        .map_err(RunError::Config)
 }
 
 /// Resolves when the Raft core stops on its own: a storage error, such as a

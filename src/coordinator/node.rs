@@ -132,6 +132,9 @@ pub struct Node {
     pub admin_token: String,
     /// For relaying writes and consistent reads to the leader.
     pub http: reqwest::Client,
+    /// TLS or plaintext between nodes: the scheme of the URLs built from
+    /// members' addresses, and the certificates of the channels dialled.
+    pub transport: crate::tls::Transport,
 }
 
 impl Node {
@@ -226,7 +229,10 @@ impl Node {
     }
 
     async fn relay(&self, leader: &Member, write: &Write) -> Result<WriteReply, Relay> {
-        let url = format!("http://{}/api/v1/internal/write", leader.http_addr);
+        let url = format!(
+            "{}/api/v1/internal/write",
+            self.transport.url(&leader.http_addr)
+        );
         let sent = self
             .http
             .post(url)

@@ -6,9 +6,9 @@
 
 use tonic::Status;
 
-use crate::allocation::WindowUse;
 use crate::allocation::demand::{KeyDemand, REPORT_TOP_KEYS};
 use crate::allocation::leader::{PodReport, RuleDemand, RuleUse, TopUp};
+use crate::allocation::{WindowUse, valid_region_name};
 use crate::proto::meridian::v1 as pb;
 use crate::store::key::MAX_KEY_LEN;
 
@@ -24,16 +24,6 @@ pub const MAX_HITS: u64 = 1 << 40;
 pub const MAX_INTERVAL_MS: u64 = 24 * 3_600_000;
 /// A pod's name: a Kubernetes pod name fits.
 pub const MAX_POD_NAME: usize = 253;
-
-/// Whether `name` may name a region: 1–64 characters of a-z, 0-9, '-' or
-/// '_' (also the admin API's rule for `PUT /api/v1/regions/{name}`).
-pub fn valid_region_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
-}
 
 fn refuse(field: &str, why: String) -> Status {
     metrics::counter!("meridian_coordinator_reports_refused_total", "field" => field.to_string())

@@ -52,10 +52,16 @@ pub struct LimiterArgs {
 
     /// Take rules from the coordinator cluster instead of files: the gRPC
     /// address of any node (repeat for several; the next is tried when one
-    /// fails), e.g. http://10.0.0.5:7001. Rollout stages are honoured for --region.
+    /// fails), e.g. https://10.0.0.5:7001. Rollout stages are honoured for
+    /// --region. Needs --tls-cert/--tls-key/--tls-ca with a certificate for
+    /// meridian://region/REGION (https://), or --insecure on loopback (http://).
     /// All must be nodes of one cluster: see --cluster-id.
     #[arg(long, value_name = "URL")]
     pub coordinator: Vec<String>,
+
+    /// `--tls-cert`, `--tls-key`, `--tls-ca`, `--insecure`.
+    #[command(flatten)]
+    pub tls: crate::tls::TlsArgs,
 
     /// With --coordinator: where the last rules received are kept (0600), so a
     /// restart while no coordinator answers still enforces them, together
@@ -177,6 +183,19 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
         args.cluster_id.is_none() || !args.coordinator.is_empty(),
         "--cluster-id pins the coordinator cluster: it needs --coordinator"
     );
+    // The control plane's transport, checked before anything starts: a
+    // limiter that cannot reach its coordinators securely should say so now.
+    let transport = if args.coordinator.is_empty() {
+        None
+    } else {
+        let urls: Vec<(&str, String)> = args
+            .coordinator
+            .iter()
+            .map(|u| ("--coordinator", u.clone()))
+            .collect();
+        let me = crate::tls::Identity::Region(args.region.clone());
+        Some(crate::tls::Transport::from_args(&args.tls, me, &urls).map_err(anyhow::Error::msg)?)
+    };
     // What the coordinator feed starts from: the cached rules, if any.
     let mut held = rule_feed::Selection {
         enforce: None,
@@ -291,6 +310,9 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     // the last demand report counts every check they finished.
     let mut control = Tasks::new();
     control.spawn("metrics upkeep", crate::telemetry::upkeep(metrics.clone()));
+    if let Some(tls) = transport.as_ref().and_then(|t| t.tls()) {
+        control.spawn("TLS reload", Arc::clone(tls).watch());
+    }
     {
         let limiter = limiter.clone();
         let on_change = move || limiter.engine.rules_changed();
@@ -305,6 +327,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
                 cache: args.rules_cache.clone(),
                 global: global.clone(),
                 held: std::sync::Mutex::new(held),
+                transport: transport.clone().unwrap_or(crate::tls::Transport::Plain),
             };
             control.spawn("coordinator feed", feed.run(rules.clone(), on_change));
         }
@@ -312,8 +335,9 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     if !args.coordinator.is_empty() {
         let (global, coordinators) = (global.clone(), args.coordinator.clone());
         let interval = args.report_interval;
+        let transport = transport.clone().unwrap_or(crate::tls::Transport::Plain);
         control.spawn_with_stop("demand reporter", move |stop| {
-            global.report_until(coordinators, interval, stop)
+            global.report_until(coordinators, transport, interval, stop)
         });
     }
     // The acceptors; their stop signal is also the workers' cue to drain.

@@ -26,6 +26,7 @@ use crate::proto::meridian::v1 as pb;
 use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
 use crate::rules::{Rule, RuleSet, Scope};
 use crate::tasks::Stop;
+use crate::tls::Expect;
 
 /// Distinct keys per rule counted between two reports; further keys only
 /// add to the rule's remainder, so a flood of random keys cannot grow memory.
@@ -487,6 +488,7 @@ impl Global {
     pub async fn report_until(
         self: Arc<Self>,
         coordinators: Vec<String>,
+        transport: crate::tls::Transport,
         interval: Duration,
         mut stop: Stop,
     ) {
@@ -494,6 +496,7 @@ impl Global {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut reports = Reports {
             coordinators,
+            transport,
             next: 0,
             client: None,
         };
@@ -530,6 +533,8 @@ impl Global {
 struct Reports {
     /// The nodes' gRPC URLs (`--coordinator`), tried in turn.
     coordinators: Vec<String>,
+    /// TLS with this region's certificate, or plaintext (`--insecure`).
+    transport: crate::tls::Transport,
     /// Index (modulo the count) of the node to dial when none is connected.
     next: usize,
     /// The channel to the node that answered last; `None` after a failure,
@@ -545,14 +550,14 @@ impl Reports {
                 Some(c) => c.clone(),
                 None => {
                     let url = &self.coordinators[self.next % self.coordinators.len()];
-                    match tonic::transport::Endpoint::from_shared(url.clone()) {
-                        Ok(e) => {
-                            let c = CoordinatorClient::new(
-                                e.connect_timeout(Duration::from_secs(1))
-                                    .timeout(Duration::from_secs(3))
-                                    .connect_lazy(),
-                            )
-                            .max_encoding_message_size(crate::proto::MAX_REPORT_BYTES);
+                    let channel = self.transport.channel(url, Expect::AnyNode, |e| {
+                        e.connect_timeout(Duration::from_secs(1))
+                            .timeout(Duration::from_secs(3))
+                    });
+                    match channel {
+                        Ok(channel) => {
+                            let c = CoordinatorClient::new(channel)
+                                .max_encoding_message_size(crate::proto::MAX_REPORT_BYTES);
                             self.client = Some(c.clone());
                             c
                         }

@@ -17,6 +17,7 @@ use tokio_stream::StreamExt;
 use super::global::Global;
 use super::rule_source::RuleSource;
 use crate::cluster_id::ClusterId;
+use crate::proto::allocation_parts::Assembly;
 use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
 use crate::proto::meridian::v1::{RolloutStage, RuleSetUpdate, RuleSetVersion, WatchRequest};
 use crate::rules::{RuleFile, RuleSet};
@@ -254,6 +255,8 @@ pub struct Feed {
     /// [`admit`] holds updates against.
     /// `std` mutex: read and replaced between awaits, never held across one.
     pub held: std::sync::Mutex<Selection>,
+    /// TLS with this region's certificate, or plaintext (`--insecure`).
+    pub transport: crate::tls::Transport,
 }
 
 impl Feed {
@@ -291,10 +294,11 @@ impl Feed {
         source: &RuleSource,
         on_change: &impl Fn(),
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        let channel = tonic::transport::Endpoint::from_shared(url.to_string())?
-            .connect_timeout(Duration::from_secs(2))
-            .connect()
-            .await?;
+        let channel = self
+            .transport
+            .channel(url, crate::tls::Expect::AnyNode, |e| {
+                e.connect_timeout(Duration::from_secs(2))
+            })?;
         let mut stream = CoordinatorClient::new(channel)
             .max_decoding_message_size(crate::proto::MAX_UPDATE_BYTES)
             .watch(WatchRequest {
@@ -307,6 +311,8 @@ impl Feed {
         // Allocations are taken only on a stream whose rules were admitted
         // (the first message carries both), so never from another cluster.
         let mut admitted = false;
+        // An update sent in parts is applied whole or not at all.
+        let mut parts = Assembly::default();
         while let Some(update) = stream.next().await {
             let update = update?;
             if let Some(rules) = &update.rules {
@@ -343,9 +349,10 @@ impl Feed {
                 }
             }
             // After the rules: a new global rule's window must be known.
-            if let Some(allocations) = &update.allocations
+            if let Some(part) = update.allocations
                 && admitted
-                && self.global.apply(allocations, &source.current())
+                && let Some(allocations) = parts.add(part)?
+                && self.global.apply(&allocations, &source.current())
             {
                 on_change();
             }

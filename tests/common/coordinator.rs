@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
+use super::tls::Pki;
+
 pub const TOKEN: &str = "test-admin-token";
 
 /// Raft timings and snapshot policy passed to every node.
@@ -23,6 +25,8 @@ pub struct Options {
     pub shared_rule_floor: f64,
     /// More flags for every node (e.g. `--rebalance-interval 2s`).
     pub extra_args: Vec<String>,
+    /// Mutual TLS with certificates from `meridian certs` (else `--insecure`).
+    pub tls: bool,
 }
 
 impl Default for Options {
@@ -36,6 +40,7 @@ impl Default for Options {
             snapshot_keep_logs: 1000,
             shared_rule_floor: 60.0,
             extra_args: Vec::new(),
+            tls: false,
         }
     }
 }
@@ -48,15 +53,17 @@ pub struct Node {
     data_dir: PathBuf,
     log: PathBuf,
     child: Option<Child>,
+    /// `http` or `https`.
+    scheme: &'static str,
 }
 
 impl Node {
     pub fn url(&self) -> String {
-        format!("http://{}", self.http_addr)
+        format!("{}://{}", self.scheme, self.http_addr)
     }
 
     pub fn grpc_url(&self) -> String {
-        format!("http://{}", self.raft_addr)
+        format!("{}://{}", self.scheme, self.raft_addr)
     }
 
     pub fn is_running(&self) -> bool {
@@ -67,6 +74,25 @@ impl Node {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+    }
+
+    /// The process id while the node runs (for /proc and signals).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Freezes the node (SIGSTOP): its sockets stay open, nothing answers.
+    pub fn pause(&self) {
+        if let Some(pid) = self.pid() {
+            super::signal(pid, "-STOP");
+        }
+    }
+
+    /// Lets a paused node run again (SIGCONT).
+    pub fn resume(&self) {
+        if let Some(pid) = self.pid() {
+            super::signal(pid, "-CONT");
         }
     }
 
@@ -81,6 +107,8 @@ impl Node {
 pub struct Cluster {
     pub nodes: BTreeMap<u64, Node>,
     pub http: reqwest::Client,
+    /// The CA and certificates, with `Options::tls`.
+    pub pki: Option<Pki>,
     options: Options,
     dir: TempDir,
 }
@@ -102,12 +130,18 @@ impl Cluster {
     /// Starts `n` nodes; node 1 bootstraps the cluster with all of them.
     pub async fn start(n: u64, options: Options) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir for the cluster");
-        let mut cluster = Cluster {
-            nodes: BTreeMap::new(),
-            http: reqwest::Client::builder()
+        let pki = options.tls.then(|| Pki::new(&dir.path().join("pki")));
+        let http = match &pki {
+            Some(pki) => pki.http(),
+            None => super::http_client()
                 .timeout(Duration::from_secs(30))
                 .build()
                 .expect("HTTP client"),
+        };
+        let mut cluster = Cluster {
+            nodes: BTreeMap::new(),
+            http,
+            pki,
             options,
             dir,
         };
@@ -148,12 +182,20 @@ impl Cluster {
             data_dir: self.dir.path().join(format!("node-{id}")),
             log: self.dir.path().join(format!("node-{id}.log")),
             child: None,
+            scheme: if self.pki.is_some() { "https" } else { "http" },
         };
+        if let Some(pki) = &self.pki {
+            pki.issue_node(id);
+        }
         self.nodes.insert(id, node);
     }
 
     fn spawn(&mut self, id: u64, extra: &[String]) {
         let o = self.options.clone();
+        let transport = match &self.pki {
+            Some(pki) => pki.flags(&format!("node-{id}")),
+            None => vec!["--insecure".to_string()],
+        };
         let node = self.nodes.get_mut(&id).expect("node defined");
         assert!(node.child.is_none(), "node {id} already running");
         let log = std::fs::OpenOptions::new()
@@ -175,6 +217,7 @@ impl Cluster {
             .args(["--snapshot-logs", &o.snapshot_logs.to_string()])
             .args(["--snapshot-keep-logs", &o.snapshot_keep_logs.to_string()])
             .args(["--shared-rule-floor", &o.shared_rule_floor.to_string()])
+            .args(&transport)
             .args(&o.extra_args)
             .args(extra)
             .env("RUST_LOG", "info,openraft=warn")
@@ -297,10 +340,33 @@ impl Cluster {
     }
 
     /// A lazily connected gRPC channel to node `id` (Raft and Coordinator).
+    /// Over TLS it presents no certificate: see [`Cluster::channel_as`].
     pub fn channel(&self, id: u64) -> tonic::transport::Channel {
-        match tonic::transport::Endpoint::from_shared(self.node(id).grpc_url()) {
-            Ok(endpoint) => endpoint.connect_lazy(),
-            Err(e) => panic!("node {id}'s gRPC URL: {e}"),
+        match &self.pki {
+            Some(pki) => pki.channel(&self.node(id).raft_addr, None),
+            None => match tonic::transport::Endpoint::from_shared(self.node(id).grpc_url()) {
+                Ok(endpoint) => endpoint.connect_lazy(),
+                Err(e) => panic!("node {id}'s gRPC URL: {e}"),
+            },
+        }
+    }
+
+    /// A TLS channel to node `id` presenting the certificate `stem`
+    /// (`node-2`, `region-mumbai`), issued first if it is a region's.
+    pub fn channel_as(&self, id: u64, stem: &str) -> tonic::transport::Channel {
+        let pki = self.pki.as_ref().expect("channel_as needs Options::tls");
+        if let Some(region) = stem.strip_prefix("region-") {
+            pki.issue_region(region);
+        }
+        pki.channel(&self.node(id).raft_addr, Some(stem))
+    }
+
+    /// Flags a limiter of `region` needs to reach this cluster: its
+    /// certificate over TLS, else `--insecure`.
+    pub fn limiter_flags(&self, region: &str) -> Vec<String> {
+        match &self.pki {
+            Some(pki) => pki.flags(&pki.issue_region(region)),
+            None => vec!["--insecure".to_string()],
         }
     }
 

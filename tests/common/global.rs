@@ -76,7 +76,14 @@ impl World {
 
     /// `timings`: rebalance interval, lease, suspect-after.
     pub async fn start_with(rules: &str, regions: &[&str], timings: &[&str; 3]) -> World {
+        World::start_as(rules, regions, timings, false).await
+    }
+
+    /// [`World::start_with`], over mutual TLS when `tls` (every process
+    /// with its own certificate from one CA), else `--insecure`.
+    pub async fn start_as(rules: &str, regions: &[&str], timings: &[&str; 3], tls: bool) -> World {
         let options = Options {
+            tls,
             extra_args: [
                 "--rebalance-interval",
                 timings[0],
@@ -127,10 +134,14 @@ impl World {
             }
             let dir = tempfile::tempdir().expect("temp dir");
             let cache = dir.path().join("rules-cache.json");
-            let mut args: Vec<String> = Vec::new();
+            let mut args: Vec<String> = world.cluster.limiter_flags(name);
             for p in &proxies {
                 args.push("--coordinator".into());
-                args.push(p.url());
+                args.push(match world.cluster.pki {
+                    // Node certificates name 127.0.0.1, the proxies' host too.
+                    Some(_) => p.url().replacen("http://", "https://", 1),
+                    None => p.url(),
+                });
             }
             args.extend(
                 [
@@ -203,7 +214,7 @@ impl World {
 
 /// The allocation epoch a limiter holds, from its /metrics.
 pub async fn limiter_epoch(limiter: &LimiterProcess) -> u64 {
-    let Ok(r) = reqwest::get(limiter.http_url("/metrics")).await else {
+    let Ok(r) = super::http_get(limiter.http_url("/metrics")).await else {
         return 0;
     };
     let text = r.text().await.unwrap_or_default();

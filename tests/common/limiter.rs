@@ -67,10 +67,22 @@ impl LimiterProcess {
         } else {
             std::env::var("MERIDIAN_TEST_LOG").unwrap_or_else(|_| "meridian=warn".into())
         };
+        // A limiter following coordinators needs TLS flags or --insecure;
+        // tests that do not give TLS flags run plaintext on loopback.
+        let follows = args.contains(&"--coordinator");
+        let tls_given = args
+            .iter()
+            .any(|a| a.starts_with("--tls-") || *a == "--insecure");
+        let insecure: &[&str] = if follows && !tls_given {
+            &["--insecure"]
+        } else {
+            &[]
+        };
         let mut child = Command::new(super::meridian_bin())
             .arg("limiter")
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
             .args(["--reload-interval", "100ms"])
+            .args(insecure)
             .args(args)
             .env("RUST_LOG", log)
             .stdout(Stdio::piped())

@@ -7,6 +7,7 @@
 pub mod coordinator;
 pub mod global;
 pub mod proxy;
+pub mod tls;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -31,6 +32,18 @@ pub fn meridian_bin() -> std::path::PathBuf {
     std::env::var_os("MERIDIAN_BIN")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| env!("CARGO_BIN_EXE_meridian").into())
+}
+
+/// An HTTP client builder. reqwest is built with rustls but no crypto
+/// provider of its own (the binary installs ring at start); tests do the same.
+pub fn http_client() -> reqwest::ClientBuilder {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+}
+
+/// `reqwest::get` through [`http_client`].
+pub async fn http_get(url: impl reqwest::IntoUrl) -> reqwest::Result<reqwest::Response> {
+    http_client().build()?.get(url).send().await
 }
 
 /// Fails (never skips) when redis-server is missing, saying how to install it.

@@ -1,7 +1,8 @@
 //! The admin API's listener: at most `--admin-max-connections` connections
-//! open at once. A connection holds a permit from accept until it closes;
-//! with none left, the next accept waits, so further clients queue in the
-//! kernel's backlog instead of each costing a task and buffers here.
+//! open at once, HTTPS with the node's certificate when TLS is on. A
+//! connection holds a permit from accept until it closes; with none left,
+//! the next accept waits, so further clients queue in the kernel's backlog
+//! instead of each costing a task and buffers here.
 
 use std::io;
 use std::net::SocketAddr;
@@ -13,22 +14,32 @@ use axum::extract::connect_info::Connected;
 use axum::serve::{IncomingStream, Listener};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-/// A TCP listener that caps open connections.
+use crate::tls::{Accepted, MaybeTls};
+
+/// A TCP listener that caps open connections, serving HTTPS when given a
+/// TLS configuration. Handshakes run off the accept path (see
+/// `crate::tls::accept_loop`), so one stalled client delays nobody.
 pub struct CappedListener {
-    inner: TcpListener,
-    /// One permit per connection that may be open.
-    permits: Arc<Semaphore>,
+    accepted: mpsc::Receiver<Accepted>,
+    local: SocketAddr,
 }
 
 impl CappedListener {
     /// `max_connections` at once (at least 1).
-    pub fn new(inner: TcpListener, max_connections: usize) -> CappedListener {
+    pub fn new(
+        inner: TcpListener,
+        max_connections: usize,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> CappedListener {
         let permits = max_connections.clamp(1, Semaphore::MAX_PERMITS);
+        let local = inner
+            .local_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
         CappedListener {
-            inner,
-            permits: Arc::new(Semaphore::new(permits)),
+            accepted: crate::tls::accept_loop(inner, tls, Some(Arc::new(Semaphore::new(permits)))),
+            local,
         }
     }
 }
@@ -38,38 +49,27 @@ impl Listener for CappedListener {
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (CappedStream, SocketAddr) {
-        // The semaphore is never closed, so acquiring cannot fail; should it,
-        // serving uncapped beats refusing every client.
-        let permit = self.permits.clone().acquire_owned().await.ok();
-        loop {
-            match self.inner.accept().await {
-                Ok((stream, peer)) => {
-                    let _ = stream.set_nodelay(true);
-                    return (
-                        CappedStream {
-                            stream,
-                            _permit: permit,
-                        },
-                        peer,
-                    );
-                }
-                Err(e) => {
-                    // EMFILE and the like: wait instead of spinning.
-                    tracing::warn!(error = %e, "admin API: accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                }
-            }
+        match self.accepted.recv().await {
+            Some(a) => (
+                CappedStream {
+                    stream: a.stream,
+                    _permit: a.permit,
+                },
+                a.peer.addr,
+            ),
+            // The accept loop ends only when this receiver is dropped.
+            None => std::future::pending().await,
         }
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.inner.local_addr()
+        Ok(self.local)
     }
 }
 
 /// A connection and the permit it holds until it is dropped.
 pub struct CappedStream {
-    stream: TcpStream,
+    stream: MaybeTls<TcpStream>,
     _permit: Option<OwnedSemaphorePermit>,
 }
 

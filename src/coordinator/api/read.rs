@@ -77,7 +77,7 @@ async fn read_mode(api: &Api, uri: &Uri, headers: &HeaderMap) -> Result<&'static
 
 async fn relay_read(api: &Api, leader: &Member, uri: &Uri) -> Response {
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    let url = format!("http://{}{path}", leader.http_addr);
+    let url = format!("{}{path}", api.node.transport.url(&leader.http_addr));
     let answer = api
         .node
         .http

@@ -54,7 +54,7 @@ fn default_region_state() -> RegionState {
 }
 
 fn check_region_name(name: &str) -> Result<(), ApiError> {
-    if crate::coordinator::report::valid_region_name(name) {
+    if crate::allocation::valid_region_name(name) {
         Ok(())
     } else {
         Err(ApiError::new(

@@ -17,13 +17,15 @@ use openraft::raft::{
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use super::{Member, NodeId, Raft, TypeConfig};
+use crate::coordinator::freshness::LeaderContact;
 use crate::proto::meridian::v1::RaftPayload;
 use crate::proto::meridian::v1::raft_client::RaftClient;
 use crate::proto::meridian::v1::raft_server;
+use crate::tls::{Expect, Identity, Transport};
 
 /// Raft messages can carry several 1 MiB rule sets (append entries) or a
 /// snapshot chunk; tonic's default 4 MiB limit would reject them.
@@ -49,26 +51,37 @@ impl PeerContacts {
 }
 
 /// Creates one [`Connection`] per peer for openraft.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Network {
     pub contacts: PeerContacts,
+    /// TLS (the peer must present its own node's certificate) or plaintext.
+    transport: Transport,
+}
+
+impl Network {
+    pub fn new(transport: Transport) -> Network {
+        Network {
+            contacts: PeerContacts::default(),
+            transport,
+        }
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Connection;
 
     async fn new_client(&mut self, target: NodeId, node: &Member) -> Connection {
-        let client = Endpoint::from_shared(format!("http://{}", node.raft_addr))
-            .map(|e| {
-                let channel = e
-                    .connect_timeout(Duration::from_secs(1))
-                    .tcp_nodelay(true)
-                    .connect_lazy();
+        let url = self.transport.url(&node.raft_addr);
+        let client = self
+            .transport
+            .channel(&url, Expect::Node(target), |e| {
+                e.connect_timeout(Duration::from_secs(1))
+            })
+            .map(|channel| {
                 RaftClient::new(channel)
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)
                     .max_encoding_message_size(MAX_MESSAGE_BYTES)
-            })
-            .map_err(|e| e.to_string());
+            });
         Connection {
             target,
             client,
@@ -173,11 +186,14 @@ impl RaftNetwork<TypeConfig> for Connection {
 /// local Raft node.
 pub struct RaftService {
     raft: Raft,
+    /// Told the leader's commit on every AppendEntries this node answers as
+    /// the current leader's follower: whether it is caught up (watches).
+    contact: LeaderContact,
 }
 
 impl RaftService {
-    pub fn server(raft: Raft) -> raft_server::RaftServer<RaftService> {
-        raft_server::RaftServer::new(RaftService { raft })
+    pub fn server(raft: Raft, contact: LeaderContact) -> raft_server::RaftServer<RaftService> {
+        raft_server::RaftServer::new(RaftService { raft, contact })
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
@@ -200,13 +216,16 @@ fn encode<T: Serialize>(reply: &T) -> Result<Response<RaftPayload>, Status> {
 pub const MAX_TERM: u64 = 1 << 62;
 
 impl RaftService {
-    /// Refuses an RPC whose sender claims a term no cluster reaches, or is
-    /// not a member of this node's cluster. A node not yet in any cluster (a
-    /// learner being added) takes RPCs from whoever adds it.
-    fn admit(&self, kind: &str, vote: &Vote<NodeId>) -> Result<(), Status> {
+    /// Refuses an RPC whose sender claims a term no cluster reaches, is
+    /// not a member of this node's cluster, or (over TLS) is not the node
+    /// its certificate names. A node not yet in any cluster (a learner being
+    /// added) takes RPCs from whoever adds it — over TLS, only from a node.
+    fn admit(&self, kind: &str, caller: Caller, vote: &Vote<NodeId>) -> Result<(), Status> {
         let sender = vote.leader_id().node_id;
         let term = vote.leader_id().term;
-        let refusal = if term >= MAX_TERM {
+        let refusal = if let Some(reason) = caller.refusal(sender) {
+            Some(reason)
+        } else if term >= MAX_TERM {
             Some(format!(
                 "term {term} is beyond any real election (at most {MAX_TERM})"
             ))
@@ -229,11 +248,40 @@ impl RaftService {
     }
 }
 
+/// Who sent a Raft RPC, as the connection proves it.
+enum Caller {
+    /// Plaintext (`--insecure`): nothing is proven.
+    Unproven,
+    /// TLS: the identity the verified certificate names.
+    Proven(Identity),
+}
+
+impl Caller {
+    fn of<T>(request: &Request<T>) -> Caller {
+        match crate::tls::peer(request).and_then(|p| p.identity.clone()) {
+            Some(identity) => Caller::Proven(identity),
+            None => Caller::Unproven,
+        }
+    }
+
+    /// Why a caller may not send an RPC as node `sender`, if it may not.
+    fn refusal(&self, sender: NodeId) -> Option<String> {
+        match self {
+            Caller::Unproven => None,
+            Caller::Proven(Identity::Node(id)) if *id == sender => None,
+            Caller::Proven(identity) => Some(format!(
+                "the RPC claims to come from node {sender}, but the caller's certificate names {identity}"
+            )),
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl raft_server::Raft for RaftService {
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let caller = Caller::of(&request);
         let rpc: VoteRequest<NodeId> = decode(request)?;
-        self.admit("vote", &rpc.vote)?;
+        self.admit("vote", caller, &rpc.vote)?;
         encode(&self.raft.vote(rpc).await)
     }
 
@@ -241,17 +289,26 @@ impl raft_server::Raft for RaftService {
         &self,
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
+        let caller = Caller::of(&request);
         let rpc: AppendEntriesRequest<TypeConfig> = decode(request)?;
-        self.admit("append_entries", &rpc.vote)?;
-        encode(&self.raft.append_entries(rpc).await)
+        self.admit("append_entries", caller, &rpc.vote)?;
+        let leader_commit = rpc.leader_commit.map_or(0, |l| l.index);
+        let reply = self.raft.append_entries(rpc).await;
+        // Any answer but "a higher vote" means the sender is the leader this
+        // node follows (a conflict too: the commit it names is still its).
+        if matches!(&reply, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
+            self.contact.told(leader_commit);
+        }
+        encode(&reply)
     }
 
     async fn install_snapshot(
         &self,
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
+        let caller = Caller::of(&request);
         let rpc: InstallSnapshotRequest<TypeConfig> = decode(request)?;
-        self.admit("install_snapshot", &rpc.vote)?;
+        self.admit("install_snapshot", caller, &rpc.vote)?;
         encode(&self.raft.install_snapshot(rpc).await)
     }
 }

@@ -1,0 +1,298 @@
+//! Whether this node is caught up with the leader's commit, so that what it
+//! applied may be served to limiters as the cluster's current state.
+//!
+//! openraft 0.9's metrics do not say: a follower's committed index is the
+//! smaller of the leader's commit and what it has accepted, so a node that
+//! replays a backlog looks committed-and-applied at every step, and nothing
+//! times the leader's last message on a follower. So the Raft service tells
+//! [`LeaderContact`] the commit every AppendEntries carries (`leader_commit`),
+//! and "caught up" means:
+//!
+//! - **a follower or learner** heard AppendEntries from the leader within
+//!   `within` (the longest election timeout), and has applied what the leader
+//!   had committed `grace` ago (the shortest election timeout), or — when its
+//!   contact began or resumed less than `grace` ago — what the leader last
+//!   told it. `grace` absorbs the ordinary gap between a commit and its
+//!   apply; a node that was stopped or cut off starts over from the newest
+//!   commit, so it never counts as caught up on what it knew before.
+//! - **the leader** heard from a quorum of voters (itself included) within
+//!   `within`: a leader cut off from its cluster keeps its role in openraft
+//!   0.9 until it hears a higher term, while the others move on.
+//!
+//! A follower that follows a leader which is itself cut off is caught up
+//! with that leader only; the limiter's own fence (it takes no update read at
+//! an older log index) covers that case.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use openraft::ServerState;
+use tonic::Status;
+
+use super::raft::network::PeerContacts;
+use super::raft::{NodeId, Raft};
+
+/// Leader commits remembered; at heartbeat rate this spans far more than
+/// `grace`, and dropping the oldest only makes the test stricter.
+const MAX_SAMPLES: usize = 1024;
+
+/// Why this node does not serve its state as current.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Lag {
+    /// No AppendEntries from a leader since this node started.
+    #[error("this node has not heard from a leader since it started")]
+    NeverHeard,
+    /// The last AppendEntries is older than `within`.
+    #[error("this node last heard from the leader {silent_ms} ms ago (more than {within_ms} ms)")]
+    Silent {
+        /// Since the last AppendEntries.
+        silent_ms: u64,
+        /// The bound.
+        within_ms: u64,
+    },
+    /// It has not applied what the leader committed.
+    #[error(
+        "this node is catching up: it applied log index {applied}, the leader had committed {committed}"
+    )]
+    Behind {
+        /// This node's last applied index.
+        applied: u64,
+        /// The leader's commit it must have applied.
+        committed: u64,
+    },
+    /// The leader has not heard from a majority of voters within `within`.
+    #[error(
+        "this leader heard from {heard} of {voters} voters within {within_ms} ms, not a majority"
+    )]
+    NoQuorum {
+        /// Voters heard from, itself included.
+        heard: usize,
+        /// Voters in the membership.
+        voters: usize,
+        /// The bound.
+        within_ms: u64,
+    },
+}
+
+/// The leader's commits as AppendEntries told them, newest last, each with
+/// when it arrived.
+#[derive(Debug, Default)]
+struct Told {
+    samples: VecDeque<(Instant, u64)>,
+}
+
+/// What this node last heard from the leader; written by the Raft service
+/// on every AppendEntries it answers, read by every watch. Cheap to clone:
+/// clones share the record. `std::sync::Mutex`: held to push or scan a few
+/// samples, never across an `.await`.
+#[derive(Clone)]
+pub struct LeaderContact {
+    told: Arc<Mutex<Told>>,
+    /// Heard within this, or the node counts as cut off.
+    within: Duration,
+    /// How long a node may take to apply a commit it was told.
+    grace: Duration,
+}
+
+impl LeaderContact {
+    /// `within`: the longest election timeout; `grace`: the shortest.
+    pub fn new(within: Duration, grace: Duration) -> LeaderContact {
+        LeaderContact {
+            told: Arc::new(Mutex::new(Told::default())),
+            within,
+            grace,
+        }
+    }
+
+    /// An AppendEntries from the current leader said it had committed
+    /// `leader_commit` (0: nothing yet).
+    pub fn told(&self, leader_commit: u64) {
+        self.told_at(leader_commit, Instant::now());
+    }
+
+    fn told_at(&self, leader_commit: u64, now: Instant) {
+        let mut told = self.told.lock().unwrap_or_else(|p| p.into_inner());
+        let samples = &mut told.samples;
+        // A silence longer than `within` (the node was stopped or cut off):
+        // what it was told before says nothing about now.
+        if samples
+            .back()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) > self.within)
+        {
+            samples.clear();
+        }
+        samples.push_back((now, leader_commit));
+        // Keep the newest sample at least `grace` old and all newer ones.
+        while samples.len() >= 2
+            && samples
+                .get(1)
+                .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= self.grace)
+        {
+            samples.pop_front();
+        }
+        if samples.len() > MAX_SAMPLES {
+            samples.pop_front();
+        }
+    }
+
+    /// `Ok` when a follower or learner that applied up to `applied` is
+    /// caught up at `now`.
+    fn follower(&self, applied: u64, now: Instant) -> Result<(), Lag> {
+        let told = self.told.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(&(last, newest)) = told.samples.back() else {
+            return Err(Lag::NeverHeard);
+        };
+        let silent = now.saturating_duration_since(last);
+        if silent > self.within {
+            return Err(Lag::Silent {
+                silent_ms: silent.as_millis() as u64,
+                within_ms: self.within.as_millis() as u64,
+            });
+        }
+        let committed = told
+            .samples
+            .iter()
+            .rev()
+            .find(|(at, _)| now.saturating_duration_since(*at) >= self.grace)
+            .map_or(newest, |(_, c)| *c);
+        if applied < committed {
+            return Err(Lag::Behind { applied, committed });
+        }
+        Ok(())
+    }
+
+    /// `Ok` when this node may serve its applied state (up to `applied`) as
+    /// current, given its Raft role and membership and when each peer last
+    /// answered it.
+    pub fn check(
+        &self,
+        me: NodeId,
+        state: ServerState,
+        voters: &BTreeSet<NodeId>,
+        applied: u64,
+        peers: &PeerContacts,
+    ) -> Result<(), Lag> {
+        if state != ServerState::Leader {
+            return self.follower(applied, Instant::now());
+        }
+        let heard = voters
+            .iter()
+            .filter(|id| **id == me || peers.since(**id).is_some_and(|d| d <= self.within))
+            .count();
+        if heard * 2 <= voters.len() {
+            return Err(Lag::NoQuorum {
+                heard,
+                voters: voters.len(),
+                within_ms: self.within.as_millis() as u64,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Whether this node serves watches: what the Raft core says of its
+/// membership and leader, and [`LeaderContact`]'s test. Cheap to clone, for
+/// each stream to check again while it is open.
+#[derive(Clone)]
+pub struct Freshness {
+    pub raft: Raft,
+    pub contact: LeaderContact,
+    /// When each peer last answered this node (the leader's quorum test).
+    pub peers: PeerContacts,
+}
+
+impl Freshness {
+    /// `Ok` when this node may serve a watch: it is a member of a cluster,
+    /// knows the leader and is caught up with its commit, so what it applied
+    /// is the cluster's current state, not an empty node's "no version" nor
+    /// a stopped or cut-off node's old one. Otherwise UNAVAILABLE with the
+    /// reason, and the limiter tries another node.
+    pub fn serving(&self) -> Result<(), Status> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let membership = metrics.membership_config.membership();
+        if membership.nodes().next().is_none() {
+            return Err(Status::unavailable(
+                "this node is in no cluster yet (not initialised or joined); watch another",
+            ));
+        }
+        if metrics.current_leader.is_none() {
+            return Err(Status::unavailable(
+                "this node knows no leader (an election, or it is cut off); watch another",
+            ));
+        }
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let applied = metrics.last_applied.map_or(0, |l| l.index);
+        self.contact
+            .check(metrics.id, metrics.state, &voters, applied, &self.peers)
+            .map_err(|lag| {
+                metrics::counter!("meridian_coordinator_watch_refused_total", "cap" => "not_caught_up")
+                    .increment(1);
+                Status::unavailable(format!("{lag}; watch another node"))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn contact() -> LeaderContact {
+        LeaderContact::new(1500 * MS, 1000 * MS)
+    }
+
+    #[test]
+    fn a_follower_is_caught_up_once_it_applied_the_commit_it_had_time_to_apply() {
+        let c = contact();
+        let t0 = Instant::now();
+        assert_eq!(c.follower(0, t0), Err(Lag::NeverHeard));
+        // Heartbeats every 100 ms; the leader commits one entry every 100 ms.
+        for i in 0..30u32 {
+            c.told_at(10 + u64::from(i), t0 + i * 100 * MS);
+        }
+        let now = t0 + 2950 * MS;
+        // What the leader had committed a second ago: index 29.
+        assert_eq!(c.follower(29, now), Ok(()), "a lag under the grace");
+        assert_eq!(
+            c.follower(20, now),
+            Err(Lag::Behind {
+                applied: 20,
+                committed: 29
+            })
+        );
+    }
+
+    #[test]
+    fn a_node_that_was_stopped_counts_nothing_it_was_told_before() {
+        let c = contact();
+        let t0 = Instant::now();
+        for i in 0..20u32 {
+            c.told_at(10, t0 + i * 100 * MS);
+        }
+        // Stopped for 5 s: silent.
+        let resumed = t0 + 6900 * MS;
+        assert!(matches!(c.follower(10, resumed), Err(Lag::Silent { .. })));
+        // The first AppendEntries after: the leader is at 500 now. The old
+        // commits (10) do not excuse the node while it replays.
+        c.told_at(500, resumed);
+        assert_eq!(
+            c.follower(10, resumed + 10 * MS),
+            Err(Lag::Behind {
+                applied: 10,
+                committed: 500
+            })
+        );
+        c.told_at(505, resumed + 1200 * MS);
+        assert_eq!(
+            c.follower(499, resumed + 1300 * MS),
+            Err(Lag::Behind {
+                applied: 499,
+                committed: 500
+            })
+        );
+        assert_eq!(c.follower(500, resumed + 1300 * MS), Ok(()));
+    }
+}
