@@ -415,6 +415,12 @@ fn widen(slots: &[f32], regions: usize) -> Box<[f32]> {
     wide.into_boxed_slice()
 }
 
+/// Most pods tracked per region: a region's certificate holder can name
+/// pods freely, so their number needs a bound (about 150 bytes each, plus
+/// the rules each reports a window's use of). Reports from further pods
+/// are refused until silent ones are forgotten (after two leases).
+pub const MAX_PODS_PER_REGION: usize = 10_000;
+
 /// Which epoch each pod holds, from its reports and acknowledgements.
 /// Pods are keyed by (region, pod): pod names are unique only within a
 /// region (two clusters may both run `limiter-0`), and a pod speaks only
@@ -422,6 +428,8 @@ fn widen(slots: &[f32], regions: usize) -> Box<[f32]> {
 #[derive(Debug)]
 pub(crate) struct AckTracker {
     pods: HashMap<(String, String), PodAck>,
+    /// Pods tracked per region, for [`MAX_PODS_PER_REGION`].
+    per_region: HashMap<String, usize>,
     /// Silence after which a pod heard again counts as back from a
     /// partition or a restart (`suspect_after`).
     quiet_ms: i64,
@@ -450,13 +458,25 @@ impl AckTracker {
     pub fn new(quiet_ms: i64) -> AckTracker {
         AckTracker {
             pods: HashMap::new(),
+            per_region: HashMap::new(),
             quiet_ms,
         }
+    }
+
+    /// Whether a report from `pod` of `region` may be tracked: it is
+    /// already, or the region holds fewer than [`MAX_PODS_PER_REGION`].
+    pub fn admits(&self, region: &str, pod: &str) -> bool {
+        self.pods
+            .contains_key(&(region.to_string(), pod.to_string()))
+            || self.per_region.get(region).copied().unwrap_or(0) < MAX_PODS_PER_REGION
     }
 
     /// Records that `pod` of `region` holds `epoch`, heard at `now_ms`.
     pub fn record(&mut self, pod: &str, region: &str, epoch: Epoch, now_ms: Millis) {
         let key = (region.to_string(), pod.to_string());
+        if !self.pods.contains_key(&key) {
+            *self.per_region.entry(region.to_string()).or_insert(0) += 1;
+        }
         let entry = self.pods.entry(key).or_insert(PodAck {
             region: region.to_string(),
             epoch,
@@ -557,7 +577,15 @@ impl AckTracker {
 
     /// Drops pods silent for longer than `window_ms`.
     pub fn forget_before(&mut self, cutoff_ms: Millis) {
-        self.pods.retain(|_, p| p.at_ms >= cutoff_ms);
+        let per_region = &mut self.per_region;
+        self.pods.retain(|(region, _), p| {
+            let keep = p.at_ms >= cutoff_ms;
+            if !keep && let Some(n) = per_region.get_mut(region) {
+                *n = n.saturating_sub(1);
+            }
+            keep
+        });
+        per_region.retain(|_, n| *n > 0);
     }
 
     /// Every pod heard, with the epoch it holds, by region then pod (admin API).

@@ -324,6 +324,13 @@ impl Leader {
         )
     }
 
+    /// Whether a report from `pod` of `region` may be taken: the pod is
+    /// known, or its region tracks fewer than
+    /// [`MAX_PODS_PER_REGION`](super::demand::MAX_PODS_PER_REGION) pods.
+    pub fn admits_pod(&self, region: &str, pod: &str) -> bool {
+        self.acks.admits(region, pod)
+    }
+
     /// Takes one pod's report. `state` is the committed allocation state and
     /// `regions` the registered regions; reports for unregistered regions
     /// are remembered ([`Leader::take_unknown_regions`]) and otherwise

@@ -427,6 +427,22 @@ fn pods_of_the_same_name_in_two_regions_acknowledge_apart() {
     assert_eq!(acks.pods().len(), 2);
 }
 
+#[test]
+fn a_region_tracks_at_most_its_pod_cap_until_silent_pods_are_forgotten() {
+    use super::demand::MAX_PODS_PER_REGION;
+    let mut acks = AckTracker::default();
+    for i in 0..MAX_PODS_PER_REGION {
+        acks.record(&format!("p{i}"), "a", 1, 1_000);
+    }
+    assert!(!acks.admits("a", "one-more"), "a pod beyond the cap");
+    assert!(acks.admits("a", "p7"), "a known pod refused");
+    assert!(acks.admits("b", "p0"), "another region's room was used");
+    acks.record("p0", "a", 1, 5_000);
+    acks.forget_before(2_000);
+    assert!(acks.admits("a", "one-more"), "forgotten pods still count");
+    assert_eq!(acks.pods().len(), 1);
+}
+
 /// One random round: demand per region, which regions are reachable and
 /// which epoch each reachable region acknowledges (fraction of the way
 /// from what it acked to the newest).

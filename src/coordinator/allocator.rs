@@ -130,6 +130,20 @@ impl Allocator {
             )));
         }
         if self.is_leader() {
+            if !self
+                .lock()
+                .leader
+                .admits_pod(&accepted.region, &accepted.pod)
+            {
+                counter!("meridian_coordinator_reports_refused_total", "field" => "pod")
+                    .increment(1);
+                return Err(Status::resource_exhausted(format!(
+                    "region {:?} already has {} pods reporting; a new pod is taken once \
+                     silent ones are forgotten (two leases)",
+                    accepted.region,
+                    crate::allocation::demand::MAX_PODS_PER_REGION
+                )));
+            }
             self.ingest(&accepted);
             return Ok(self.node.applied.borrow().registry.allocations.epoch);
         }

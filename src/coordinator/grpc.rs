@@ -2,7 +2,6 @@
 //! node from its own applied state.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -214,9 +213,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
         self.serving()?;
         let region = &request.get_ref().region;
         speaks_for(&request, region, "watch rules for", false)?;
-        let slot = self
-            .streams
-            .open(crate::tls::peer(&request).map(|p| p.addr))?;
+        let slot = self.streams.open(client_of(&request))?;
         let region = request.into_inner().region;
         tracing::info!(%region, "limiter watching rules");
         let mut applied = self.applied.clone();
@@ -251,9 +248,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
     ) -> Result<Response<Self::WatchStream>, Status> {
         self.serving()?;
         speaks_for(&request, &request.get_ref().region, "watch", false)?;
-        let slot = self
-            .streams
-            .open(crate::tls::peer(&request).map(|p| p.addr))?;
+        let slot = self.streams.open(client_of(&request))?;
         let pb::WatchRequest { region, pod } = request.into_inner();
         if !crate::allocation::valid_region_name(&region) || pod.len() > super::report::MAX_POD_NAME
         {
@@ -360,23 +355,34 @@ fn speaks_for<T>(
 pub struct StreamLimits {
     /// In all (`--max-watch-streams`).
     pub total: usize,
-    /// From one client address (`--max-watch-streams-per-client`).
+    /// From one client (`--max-watch-streams-per-client`): see [`Streams`].
     pub per_client: usize,
     /// The most bytes one watch message encodes to (`--watch-message-bytes`).
     pub message_bytes: usize,
 }
 
-/// The open watch streams, by client address.
+/// The open watch streams, by client: the identity its certificate names
+/// over TLS (a region, so a region's pods share one cap wherever they
+/// connect from), its IP address over plaintext.
 pub struct Streams {
     limits: StreamLimits,
     /// `std` mutex: held to bump a count, never across an `.await`.
-    open: std::sync::Mutex<(usize, HashMap<IpAddr, usize>)>,
+    open: std::sync::Mutex<(usize, HashMap<String, usize>)>,
 }
 
 /// One open stream's place; dropping it (the stream ends) frees it.
 pub struct StreamSlot {
     streams: Arc<Streams>,
-    client: Option<IpAddr>,
+    client: Option<String>,
+}
+
+/// Who a stream counts against: see [`Streams`].
+fn client_of<T>(request: &Request<T>) -> Option<String> {
+    let peer = crate::tls::peer(request)?;
+    Some(match &peer.identity {
+        Some(identity) => identity.to_string(),
+        None => peer.addr.ip().to_string(),
+    })
 }
 
 impl Streams {
@@ -389,8 +395,7 @@ impl Streams {
 
     /// A slot for a new stream from `client`, or `RESOURCE_EXHAUSTED` naming
     /// the cap it would break.
-    fn open(self: &Arc<Self>, client: Option<std::net::SocketAddr>) -> Result<StreamSlot, Status> {
-        let client = client.map(|a| a.ip());
+    fn open(self: &Arc<Self>, client: Option<String>) -> Result<StreamSlot, Status> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         if open.0 >= self.limits.total {
             metrics::counter!("meridian_coordinator_watch_refused_total", "cap" => "total")
@@ -400,13 +405,13 @@ impl Streams {
                 self.limits.total
             )));
         }
-        if let Some(ip) = client {
-            let mine = open.1.entry(ip).or_insert(0);
+        if let Some(who) = &client {
+            let mine = open.1.entry(who.clone()).or_insert(0);
             if *mine >= self.limits.per_client {
                 metrics::counter!("meridian_coordinator_watch_refused_total", "cap" => "per_client")
                     .increment(1);
                 return Err(Status::resource_exhausted(format!(
-                    "{ip} holds {} watch streams, the most one client may",
+                    "{who} holds {} watch streams, the most one client may",
                     self.limits.per_client
                 )));
             }
@@ -425,12 +430,12 @@ impl Drop for StreamSlot {
     fn drop(&mut self) {
         let mut open = self.streams.open.lock().unwrap_or_else(|p| p.into_inner());
         open.0 = open.0.saturating_sub(1);
-        if let Some(ip) = self.client
-            && let Some(n) = open.1.get_mut(&ip)
+        if let Some(who) = &self.client
+            && let Some(n) = open.1.get_mut(who)
         {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                open.1.remove(&ip);
+                open.1.remove(who);
             }
         }
         metrics::gauge!("meridian_coordinator_watch_streams").set(open.0 as f64);
@@ -506,18 +511,18 @@ mod tests {
             per_client: 2,
             message_bytes: crate::proto::WATCH_MESSAGE_BUDGET,
         }));
-        let a: std::net::SocketAddr = "10.0.0.1:5000".parse().expect("addr");
-        let b: std::net::SocketAddr = "10.0.0.2:5000".parse().expect("addr");
-        let first = streams.open(Some(a)).expect("a 1");
-        let _second = streams.open(Some(a)).expect("a 2");
-        let refused = streams.open(Some(a)).err().map(|s| s.code());
+        let a = "meridian://region/mumbai";
+        let b = "10.0.0.2";
+        let first = streams.open(Some(a.to_string())).expect("a 1");
+        let _second = streams.open(Some(a.to_string())).expect("a 2");
+        let refused = streams.open(Some(a.to_string())).err().map(|s| s.code());
         assert_eq!(
             refused,
             Some(tonic::Code::ResourceExhausted),
             "a third from one client"
         );
-        let _third = streams.open(Some(b)).expect("b 1");
-        let refused = streams.open(Some(b)).err().map(|s| s.code());
+        let _third = streams.open(Some(b.to_string())).expect("b 1");
+        let refused = streams.open(Some(b.to_string())).err().map(|s| s.code());
         assert_eq!(
             refused,
             Some(tonic::Code::ResourceExhausted),
@@ -525,7 +530,7 @@ mod tests {
         );
         drop(first);
         assert!(
-            streams.open(Some(b)).is_ok(),
+            streams.open(Some(b.to_string())).is_ok(),
             "a closed stream's slot was not freed"
         );
     }

@@ -152,7 +152,8 @@ pub struct CoordinatorArgs {
     /// limiter tries another node.
     #[arg(long, default_value_t = 10_000)]
     pub max_watch_streams: usize,
-    /// Most watch streams from one client address.
+    /// Most watch streams from one client: one region's certificate over
+    /// TLS (all its pods together), one IP address with --insecure.
     #[arg(long, default_value_t = 1_000)]
     pub max_watch_streams_per_client: usize,
     /// Most bytes one watch message encodes to; larger allocation updates
