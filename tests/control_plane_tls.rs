@@ -157,6 +157,17 @@ async fn forged_rpcs_are_refused_by_certificate_and_the_cluster_is_unchanged() {
         tonic::Code::Ok,
         "a report without a certificate was taken"
     );
+    let refused = CoordinatorClient::new(cluster.channel(target))
+        .watch(pb::WatchRequest {
+            region: "hyderabad".into(),
+            pod: "p-0".into(),
+        })
+        .await;
+    assert_ne!(
+        code(&refused),
+        tonic::Code::Ok,
+        "a watch without a certificate was served"
+    );
     // Plaintext to a TLS port is no way around it.
     let plain = tonic::transport::Endpoint::from_shared(format!(
         "http://{}",
@@ -186,6 +197,28 @@ async fn forged_rpcs_are_refused_by_certificate_and_the_cluster_is_unchanged() {
     let vote = bin(&(Vote::new(term + 100, leader), None::<LogId<u64>>));
     let refused = as_region.vote(payload(vote)).await;
     assert_eq!(code(&refused), tonic::Code::PermissionDenied, "{refused:?}");
+    // InstallSnapshot: vote, meta (last log id, an empty membership,
+    // snapshot id), offset, data, done.
+    let membership = (
+        None::<LogId<u64>>,
+        (
+            Vec::<std::collections::BTreeSet<u64>>::new(),
+            std::collections::BTreeMap::<u64, ()>::new(),
+        ),
+    );
+    let snapshot = bin(&(
+        Vote::new_committed(term + 100, leader),
+        (None::<LogId<u64>>, membership, "forged".to_string()),
+        0u64,
+        vec![0u8; 16],
+        true,
+    ));
+    let refused = as_region.install_snapshot(payload(snapshot)).await;
+    assert_eq!(
+        code(&refused),
+        tonic::Code::PermissionDenied,
+        "InstallSnapshot with mumbai's certificate was taken: {refused:?}"
+    );
 
     // A member's certificate claiming to be the leader: the RPC names
     // node `leader`, the certificate another node.
