@@ -137,8 +137,12 @@ impl LeaderContact {
     }
 
     /// `Ok` when a follower or learner that applied up to `applied` is
-    /// caught up at `now`.
-    fn follower(&self, applied: u64, now: Instant) -> Result<(), Lag> {
+    /// caught up at `now`. Within `grace` of the contact's start there is
+    /// no commit old enough to measure against: a new stream then needs the
+    /// newest commit applied, but an open one only the first commit of this
+    /// contact — else every commit racing ahead of its apply in a cluster's
+    /// first second would end every stream.
+    fn follower(&self, applied: u64, now: Instant, stream: Stream) -> Result<(), Lag> {
         let told = self.told.lock().unwrap_or_else(|p| p.into_inner());
         let Some(&(last, newest)) = told.samples.back() else {
             return Err(Lag::NeverHeard);
@@ -155,7 +159,13 @@ impl LeaderContact {
             .iter()
             .rev()
             .find(|(at, _)| now.saturating_duration_since(*at) >= self.grace)
-            .map_or(newest, |(_, c)| *c);
+            .map_or_else(
+                || match stream {
+                    Stream::New => newest,
+                    Stream::Open => told.samples.front().map_or(newest, |(_, c)| *c),
+                },
+                |(_, c)| *c,
+            );
         if applied < committed {
             return Err(Lag::Behind { applied, committed });
         }
@@ -172,9 +182,10 @@ impl LeaderContact {
         voters: &BTreeSet<NodeId>,
         applied: u64,
         peers: &PeerContacts,
+        stream: Stream,
     ) -> Result<(), Lag> {
         if state != ServerState::Leader {
-            return self.follower(applied, Instant::now());
+            return self.follower(applied, Instant::now(), stream);
         }
         let heard = voters
             .iter()
@@ -189,6 +200,14 @@ impl LeaderContact {
         }
         Ok(())
     }
+}
+
+/// Whether the check is for a stream about to open or one already open
+/// (see [`LeaderContact::follower`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    New,
+    Open,
 }
 
 /// Whether this node serves watches: what the Raft core says of its
@@ -209,6 +228,15 @@ impl Freshness {
     /// a stopped or cut-off node's old one. Otherwise UNAVAILABLE with the
     /// reason, and the limiter tries another node.
     pub fn serving(&self) -> Result<(), Status> {
+        self.serves(Stream::New)
+    }
+
+    /// [`Freshness::serving`] for a stream already open.
+    pub fn still_serving(&self) -> Result<(), Status> {
+        self.serves(Stream::Open)
+    }
+
+    fn serves(&self, stream: Stream) -> Result<(), Status> {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
         let membership = metrics.membership_config.membership();
@@ -225,7 +253,7 @@ impl Freshness {
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         let applied = metrics.last_applied.map_or(0, |l| l.index);
         self.contact
-            .check(metrics.id, metrics.state, &voters, applied, &self.peers)
+            .check(metrics.id, metrics.state, &voters, applied, &self.peers, stream)
             .map_err(|lag| {
                 metrics::counter!("meridian_coordinator_watch_refused_total", "cap" => "not_caught_up")
                     .increment(1);
@@ -248,16 +276,20 @@ mod tests {
     fn a_follower_is_caught_up_once_it_applied_the_commit_it_had_time_to_apply() {
         let c = contact();
         let t0 = Instant::now();
-        assert_eq!(c.follower(0, t0), Err(Lag::NeverHeard));
+        assert_eq!(c.follower(0, t0, Stream::New), Err(Lag::NeverHeard));
         // Heartbeats every 100 ms; the leader commits one entry every 100 ms.
         for i in 0..30u32 {
             c.told_at(10 + u64::from(i), t0 + i * 100 * MS);
         }
         let now = t0 + 2950 * MS;
         // What the leader had committed a second ago: index 29.
-        assert_eq!(c.follower(29, now), Ok(()), "a lag under the grace");
         assert_eq!(
-            c.follower(20, now),
+            c.follower(29, now, Stream::New),
+            Ok(()),
+            "a lag under the grace"
+        );
+        assert_eq!(
+            c.follower(20, now, Stream::New),
             Err(Lag::Behind {
                 applied: 20,
                 committed: 29
@@ -274,12 +306,15 @@ mod tests {
         }
         // Stopped for 5 s: silent.
         let resumed = t0 + 6900 * MS;
-        assert!(matches!(c.follower(10, resumed), Err(Lag::Silent { .. })));
+        assert!(matches!(
+            c.follower(10, resumed, Stream::New),
+            Err(Lag::Silent { .. })
+        ));
         // The first AppendEntries after: the leader is at 500 now. The old
         // commits (10) do not excuse the node while it replays.
         c.told_at(500, resumed);
         assert_eq!(
-            c.follower(10, resumed + 10 * MS),
+            c.follower(10, resumed + 10 * MS, Stream::New),
             Err(Lag::Behind {
                 applied: 10,
                 committed: 500
@@ -287,12 +322,44 @@ mod tests {
         );
         c.told_at(505, resumed + 1200 * MS);
         assert_eq!(
-            c.follower(499, resumed + 1300 * MS),
+            c.follower(499, resumed + 1300 * MS, Stream::New),
             Err(Lag::Behind {
                 applied: 499,
                 committed: 500
             })
         );
-        assert_eq!(c.follower(500, resumed + 1300 * MS), Ok(()));
+        assert_eq!(c.follower(500, resumed + 1300 * MS, Stream::New), Ok(()));
+    }
+
+    #[test]
+    fn an_open_stream_outlives_commits_racing_ahead_in_the_first_second() {
+        let c = contact();
+        let t0 = Instant::now();
+        // A cluster's first second: every heartbeat brings a newer commit,
+        // applied a few milliseconds later.
+        for i in 0..5u32 {
+            c.told_at(2 + u64::from(i), t0 + i * 100 * MS);
+        }
+        let now = t0 + 410 * MS;
+        assert!(
+            c.follower(5, now, Stream::New).is_err(),
+            "a new stream needs the newest"
+        );
+        assert_eq!(
+            c.follower(5, now, Stream::Open),
+            Ok(()),
+            "an open stream was ended"
+        );
+        // Resumed after a stop: the first commit of the new contact is far
+        // ahead, so an open stream ends while the node replays.
+        let resumed = t0 + 5000 * MS;
+        c.told_at(500, resumed);
+        assert_eq!(
+            c.follower(5, resumed + 10 * MS, Stream::Open),
+            Err(Lag::Behind {
+                applied: 5,
+                committed: 500
+            })
+        );
     }
 }

@@ -148,7 +148,7 @@ async fn next_change<T>(
 
 /// Whether this node still serves; if not, ends the stream with the reason.
 async fn still_serving<T>(tx: &mpsc::Sender<Result<T, Status>>, freshness: &Freshness) -> bool {
-    match freshness.serving() {
+    match freshness.still_serving() {
         Ok(()) => true,
         Err(status) => {
             tracing::info!(

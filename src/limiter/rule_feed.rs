@@ -259,13 +259,41 @@ pub struct Feed {
     pub transport: crate::tls::Transport,
 }
 
+/// A stream that lasted this long resets the reconnect backoff.
+const HEALTHY_STREAM: Duration = Duration::from_secs(10);
+
+/// The wait before the next coordinator: doubling from 100 ms to 5 s over
+/// failures in a row, back to 100 ms after a stream that ran for
+/// [`HEALTHY_STREAM`] (its end is a new fault, not the next step of an old
+/// backoff).
+#[derive(Debug)]
+struct Backoff(Duration);
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(100);
+    const MAX: Duration = Duration::from_secs(5);
+
+    /// The wait after a stream that ran for `ran`.
+    fn after(&mut self, ran: Duration) -> Duration {
+        if ran >= HEALTHY_STREAM {
+            self.0 = Self::FIRST;
+        }
+        let wait = self.0;
+        self.0 = (self.0 * 2).min(Self::MAX);
+        wait
+    }
+}
+
 impl Feed {
     /// Follows the coordinators forever, moving to the next node whenever a
     /// stream fails; `on_change` runs after every applied update.
     pub async fn run(self, source: Arc<RuleSource>, on_change: impl Fn()) {
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Backoff(Backoff::FIRST);
         for url in self.coordinators.iter().cycle() {
-            match self.follow(url, &source, &on_change).await {
+            let started = std::time::Instant::now();
+            let outcome = self.follow(url, &source, &on_change).await;
+            let ran = started.elapsed();
+            match outcome {
                 Ok(()) => tracing::warn!(%url, "coordinator closed the rule stream"),
                 Err(e) => match e.downcast_ref::<Refusal>() {
                     // Not a passing fault: a limiter wired to the wrong
@@ -283,8 +311,7 @@ impl Feed {
                 },
             }
             counter!("meridian_coordinator_stream_failures_total").increment(1);
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
+            tokio::time::sleep(backoff.after(ran)).await;
         }
     }
 
@@ -363,6 +390,18 @@ impl Feed {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_reconnect_backoff_starts_over_after_a_healthy_stream() {
+        let quick = Duration::from_millis(5);
+        let mut b = Backoff(Backoff::FIRST);
+        let waits: Vec<u128> = (0..8).map(|_| b.after(quick).as_millis()).collect();
+        assert_eq!(waits, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        // A stream that ran a minute, then failed: retried at once again.
+        assert_eq!(b.after(Duration::from_secs(60)), Backoff::FIRST);
+        assert_eq!(b.after(quick), Duration::from_millis(200));
+    }
+
     use super::*;
     use crate::proto::meridian::v1::RuleSetFile;
 
