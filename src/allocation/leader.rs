@@ -258,6 +258,12 @@ pub struct Leader {
     /// A region's acknowledged epoch advanced while something was moving:
     /// a transition round is due [`ACK_DEBOUNCE_MS`] after this.
     acked_at: Option<Millis>,
+    /// The newest epoch a pod acknowledged before this leader had applied
+    /// it (a follower and its limiter can be ahead of the leader's own state
+    /// machine by a moment): that acknowledgement is counted again once the
+    /// state holds the epoch, or the transition it releases would wait for
+    /// a scheduled round.
+    ack_ahead: Option<Epoch>,
     /// Regions that reported but are not registered.
     unknown_regions: BTreeSet<String>,
 }
@@ -277,6 +283,7 @@ impl Leader {
             last_top_up_ms: None,
             regions_changed: false,
             acked_at: None,
+            ack_ahead: None,
             unknown_regions: BTreeSet::new(),
         }
     }
@@ -369,7 +376,14 @@ impl Leader {
             );
         }
         let after = self.acks.region(&report.region, now, lease_ms).0;
-        if after > before && transition_pending(state) {
+        if report.epoch > state.epoch {
+            self.ack_ahead = self.ack_ahead.max(Some(report.epoch));
+        }
+        let caught_up = self.ack_ahead.is_some_and(|e| e <= state.epoch);
+        if caught_up {
+            self.ack_ahead = None;
+        }
+        if (after > before || caught_up) && transition_pending(state) {
             self.acked_at.get_or_insert(now);
             heard.wake = true;
         }
@@ -637,6 +651,54 @@ mod tests {
                 state.apply(&delta);
             }
         }
+    }
+
+    #[test]
+    fn an_ack_that_outran_the_leaders_own_apply_still_starts_the_transition() {
+        // A follower applies epoch E+1 and its limiter acknowledges it
+        // before the leader's state machine has: the leader sees the ack
+        // against E, where nothing is moving. The next report (same epoch)
+        // must then start the transition round, not wait for a scheduled one.
+        let regions: Vec<RegionDef> = ["hyderabad", "mumbai"]
+            .iter()
+            .map(|name| RegionDef {
+                name: (*name).into(),
+                weight: 1.0,
+                status: RegionStatus::Active,
+            })
+            .collect();
+        let mut leader = leader();
+        let mut state = Allocations::default();
+        let t0 = 1_700_000_000_000;
+        leader.seed(&state, t0);
+        heard(&mut leader, &mut state, &regions, "mumbai", t0);
+        heard(&mut leader, &mut state, &regions, "hyderabad", t0 + 2_000);
+        assert!(!transition_pending(&state));
+        // Epoch E+1 shrinks hyderabad 500 → 300 for mumbai's sake.
+        let mut next = state.clone();
+        next.epoch += 1;
+        let split = &mut next.rules.get_mut("api|customer").expect("rule").split;
+        let h = split.get_mut("hyderabad").expect("hyderabad");
+        (h.granted, h.target) = (300, 300);
+        split.get_mut("mumbai").expect("mumbai").target = 700;
+        assert!(transition_pending(&next));
+        let ack = |epoch| PodReport {
+            region: "hyderabad".into(),
+            pod: "hyderabad-0".into(),
+            epoch,
+            ..PodReport::default()
+        };
+        let t1 = t0 + 3_000;
+        // The ack arrives while the leader still holds E.
+        leader.ingest(&ack(next.epoch), &state, &regions, t1);
+        assert_eq!(leader.due(t1 + ACK_DEBOUNCE_MS), None, "nothing moves at E");
+        // The leader applies E+1; the pod's next report holds the same epoch.
+        let heard = leader.ingest(&ack(next.epoch), &next, &regions, t1 + 1_000);
+        assert!(heard.wake, "the transition waits for a scheduled round");
+        assert_eq!(
+            leader.due(t1 + 1_000 + ACK_DEBOUNCE_MS),
+            Some(RoundKind::Transition)
+        );
     }
 
     #[test]
