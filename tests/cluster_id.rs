@@ -12,57 +12,16 @@ use std::time::{Duration, Instant};
 
 use common::RedisServer;
 use common::coordinator::{Cluster, Options};
-use common::limiter::LimiterProcess;
-use meridian::proto::envoy::extensions::common::ratelimit::v3::{
-    RateLimitDescriptor, rate_limit_descriptor::Entry,
+use common::limiter::{
+    LimiterProcess, probe_user, user_rules as rules, wait_for_user_limit as wait_for_limit,
 };
-use meridian::proto::envoy::service::ratelimit::v3::RateLimitRequest;
-use meridian::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
 const REFUSED: &str = "meridian_rule_updates_refused_total";
-
-fn rules(limit: u32) -> String {
-    format!(
-        "domain: api\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: hour\n      requests_per_unit: {limit}\n"
-    )
-}
 
 /// The limit the limiter enforces for `user=<key>`; `None` when no rule
 /// matched (or the limiter did not answer).
 async fn limit(limiter: &LimiterProcess, key: &str) -> Option<u32> {
-    let mut client = RateLimitServiceClient::connect(limiter.grpc_url())
-        .await
-        .ok()?;
-    let request = RateLimitRequest {
-        domain: "api".into(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: "user".into(),
-                value: key.into(),
-            }],
-            ..Default::default()
-        }],
-        hits_addend: 0,
-    };
-    let r = client.should_rate_limit(request).await.ok()?.into_inner();
-    Some(
-        r.statuses
-            .first()?
-            .current_limit
-            .as_ref()?
-            .requests_per_unit,
-    )
-}
-
-async fn wait_for_limit(limiter: &LimiterProcess, want: u32, within: Duration) {
-    let deadline = Instant::now() + within;
-    while limit(limiter, "probe").await != Some(want) {
-        assert!(
-            Instant::now() < deadline,
-            "limit {want} not enforced within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    probe_user(limiter, key).await.map(|p| p.0)
 }
 
 /// The limiter's count of refused rule updates.

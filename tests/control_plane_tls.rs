@@ -10,11 +10,6 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use meridian::proto::envoy::extensions::common::ratelimit::v3::{
-    RateLimitDescriptor, rate_limit_descriptor::Entry,
-};
-use meridian::proto::envoy::service::ratelimit::v3::RateLimitRequest;
-use meridian::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use meridian::proto::meridian::v1 as pb;
 use meridian::proto::meridian::v1::RaftPayload;
 use meridian::proto::meridian::v1::coordinator_client::CoordinatorClient;
@@ -24,7 +19,7 @@ use serde_json::Value;
 
 use common::coordinator::{Cluster, Options};
 use common::global::fixed_window_rule;
-use common::limiter::LimiterProcess;
+use common::limiter::{LimiterProcess, user_rules, wait_for_user_limit};
 
 fn bin<T: serde::Serialize>(value: &T) -> Vec<u8> {
     match bincode::serialize(value) {
@@ -305,52 +300,6 @@ async fn forged_rpcs_are_refused_by_certificate_and_the_cluster_is_unchanged() {
     );
 }
 
-/// The rules version a limiter enforces, read through a check's limit.
-async fn enforced_limit(limiter: &LimiterProcess) -> Option<u32> {
-    let mut client = RateLimitServiceClient::connect(limiter.grpc_url())
-        .await
-        .ok()?;
-    let r = client
-        .should_rate_limit(RateLimitRequest {
-            domain: "api".into(),
-            descriptors: vec![RateLimitDescriptor {
-                entries: vec![Entry {
-                    key: "user".into(),
-                    value: "probe".into(),
-                }],
-                ..Default::default()
-            }],
-            hits_addend: 0,
-        })
-        .await
-        .ok()?
-        .into_inner();
-    Some(
-        r.statuses
-            .first()?
-            .current_limit
-            .as_ref()?
-            .requests_per_unit,
-    )
-}
-
-async fn wait_limit(limiter: &LimiterProcess, limit: u32, within: Duration) {
-    let deadline = Instant::now() + within;
-    while enforced_limit(limiter).await != Some(limit) {
-        assert!(
-            Instant::now() < deadline,
-            "limit {limit} not enforced within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn user_rules(limit: u32) -> String {
-    format!(
-        "domain: api\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: hour\n      requests_per_unit: {limit}\n"
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certificates_rotate_in_place_without_losing_the_leader() {
     let cluster = Cluster::start(
@@ -382,7 +331,7 @@ async fn certificates_rotate_in_place_without_losing_the_leader() {
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let limiter = LimiterProcess::start_without_rules(&args);
-    wait_limit(&limiter, 100, Duration::from_secs(10)).await;
+    wait_for_user_limit(&limiter, 100, Duration::from_secs(10)).await;
     let cluster_view = cluster
         .get(leader, "/api/v1/cluster")
         .await
@@ -467,7 +416,7 @@ async fn certificates_rotate_in_place_without_losing_the_leader() {
     );
     let (status, body) = cluster.put_text(leader, &user_rules(200)).await;
     assert_eq!(status, 200, "write after rotation: {body}");
-    wait_limit(&limiter, 200, Duration::from_secs(10)).await;
+    wait_for_user_limit(&limiter, 200, Duration::from_secs(10)).await;
     // A node restarted now dials its peers with the new certificate only.
     let follower = cluster
         .running()

@@ -5,70 +5,14 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::RedisServer;
 use common::coordinator::{Cluster, Options};
-use common::limiter::LimiterProcess;
-use meridian::proto::envoy::extensions::common::ratelimit::v3::{
-    RateLimitDescriptor, rate_limit_descriptor::Entry,
+use common::limiter::{
+    LimiterProcess, probe_user as probe, user_rules as rules, wait_for_user_limit as wait_for_limit,
 };
-use meridian::proto::envoy::service::ratelimit::v3::RateLimitRequest;
-use meridian::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use meridian::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use serde_json::json;
-
-fn rules(limit: u32) -> String {
-    format!(
-        "domain: api\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: hour\n      requests_per_unit: {limit}\n"
-    )
-}
-
-/// The limit the limiter reports for `user=<key>` (None: no rule matched),
-/// and whether the check was admitted.
-async fn probe(limiter: &LimiterProcess, key: &str) -> Option<(u32, bool)> {
-    let mut client = RateLimitServiceClient::connect(limiter.grpc_url())
-        .await
-        .ok()?;
-    let r = client
-        .should_rate_limit(RateLimitRequest {
-            domain: "api".into(),
-            descriptors: vec![RateLimitDescriptor {
-                entries: vec![Entry {
-                    key: "user".into(),
-                    value: key.into(),
-                }],
-                ..Default::default()
-            }],
-            hits_addend: 0,
-        })
-        .await
-        .ok()?
-        .into_inner();
-    let status = r.statuses.first()?;
-    let limit = status.current_limit.as_ref()?.requests_per_unit;
-    Some((limit, status.code == Code::Ok as i32))
-}
-
-async fn wait_for_limit(limiter: &LimiterProcess, limit: u32, within: Duration) -> Duration {
-    let started = Instant::now();
-    let mut n = 0;
-    loop {
-        n += 1;
-        if probe(limiter, &format!("probe-{limit}-{n}"))
-            .await
-            .map(|p| p.0)
-            == Some(limit)
-        {
-            return started.elapsed();
-        }
-        assert!(
-            started.elapsed() < within,
-            "limit {limit} not enforced within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 /// Checks `n` times on one key; how many were admitted.
 async fn admitted(limiter: &LimiterProcess, key: &str, n: usize) -> usize {

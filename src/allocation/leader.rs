@@ -629,6 +629,18 @@ mod tests {
         leader
     }
 
+    /// hyderabad and mumbai, weight 1, active.
+    fn two_regions() -> Vec<RegionDef> {
+        ["hyderabad", "mumbai"]
+            .iter()
+            .map(|name| RegionDef {
+                name: (*name).into(),
+                weight: 1.0,
+                status: RegionStatus::Active,
+            })
+            .collect()
+    }
+
     fn heard(
         leader: &mut Leader,
         state: &mut Allocations,
@@ -659,14 +671,7 @@ mod tests {
         // before the leader's state machine has: the leader sees the ack
         // against E, where nothing is moving. The next report (same epoch)
         // must then start the transition round, not wait for a scheduled one.
-        let regions: Vec<RegionDef> = ["hyderabad", "mumbai"]
-            .iter()
-            .map(|name| RegionDef {
-                name: (*name).into(),
-                weight: 1.0,
-                status: RegionStatus::Active,
-            })
-            .collect();
+        let regions = two_regions();
         let mut leader = leader();
         let mut state = Allocations::default();
         let t0 = 1_700_000_000_000;
@@ -703,14 +708,7 @@ mod tests {
 
     #[test]
     fn a_region_heard_after_the_first_round_gets_its_share_in_the_round_that_leases_it() {
-        let regions: Vec<RegionDef> = ["hyderabad", "mumbai"]
-            .iter()
-            .map(|name| RegionDef {
-                name: (*name).into(),
-                weight: 1.0,
-                status: RegionStatus::Active,
-            })
-            .collect();
+        let regions = two_regions();
         let mut leader = leader();
         let mut state = Allocations::default();
         let t0 = 1_700_000_000_000;

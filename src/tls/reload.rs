@@ -269,6 +269,36 @@ impl Tls {
     }
 }
 
+/// Handshake signatures, checked the same way for clients and servers:
+/// they depend on the crypto provider only, not on the CA that may reload.
+impl Tls {
+    fn verify_tls12(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
+    }
+
+    fn verify_tls13(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
+    }
+
+    fn schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
 fn record_expiry(not_after: i64) {
     metrics::gauge!("meridian_tls_certificate_expiry_timestamp_seconds").set(not_after as f64);
 }
@@ -331,12 +361,7 @@ impl ClientCertVerifier for ClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.provider.signature_verification_algorithms,
-        )
+        self.0.verify_tls12(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -345,19 +370,11 @@ impl ClientCertVerifier for ClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.provider.signature_verification_algorithms,
-        )
+        self.0.verify_tls13(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0
-            .provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.0.schemes()
     }
 }
 
@@ -404,12 +421,7 @@ impl ServerCertVerifier for ServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.tls.provider.signature_verification_algorithms,
-        )
+        self.tls.verify_tls12(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -418,18 +430,10 @@ impl ServerCertVerifier for ServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.tls.provider.signature_verification_algorithms,
-        )
+        self.tls.verify_tls13(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.tls
-            .provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.tls.schemes()
     }
 }

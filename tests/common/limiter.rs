@@ -167,3 +167,65 @@ impl Drop for LimiterProcess {
         let _ = self.child.wait();
     }
 }
+
+/// Domain `api`, one rule on `user`: `limit` per hour (the rules the
+/// coordinator-fed tests put and probe).
+pub fn user_rules(limit: u32) -> String {
+    format!(
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: hour\n      requests_per_unit: {limit}\n"
+    )
+}
+
+/// The limit the limiter reports for `user=<key>` in domain `api` (None: no
+/// rule matched, or no answer), and whether the check was admitted.
+pub async fn probe_user(limiter: &LimiterProcess, key: &str) -> Option<(u32, bool)> {
+    use meridian::proto::envoy::extensions::common::ratelimit::v3::{
+        RateLimitDescriptor, rate_limit_descriptor::Entry,
+    };
+    use meridian::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+    use meridian::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    use meridian::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    let mut client = RateLimitServiceClient::connect(limiter.grpc_url())
+        .await
+        .ok()?;
+    let r = client
+        .should_rate_limit(RateLimitRequest {
+            domain: "api".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "user".into(),
+                    value: key.into(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        })
+        .await
+        .ok()?
+        .into_inner();
+    let status = r.statuses.first()?;
+    let limit = status.current_limit.as_ref()?.requests_per_unit;
+    Some((limit, status.code == Code::Ok as i32))
+}
+
+/// Waits until the limiter enforces `limit` for `user`; how long it took.
+pub async fn wait_for_user_limit(
+    limiter: &LimiterProcess,
+    limit: u32,
+    within: Duration,
+) -> Duration {
+    let started = std::time::Instant::now();
+    let mut n = 0;
+    loop {
+        n += 1;
+        let key = format!("probe-{limit}-{n}");
+        if probe_user(limiter, &key).await.map(|p| p.0) == Some(limit) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "limit {limit} not enforced within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
