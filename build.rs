@@ -30,6 +30,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     protos(Path::new("proto"), &mut files)?;
     files.sort();
     println!("cargo:rerun-if-changed=proto");
-    tonic_prost_build::configure().compile_protos(&files, &[PathBuf::from("proto")])?;
+    // Undecodable requests are INVALID_ARGUMENT, not tonic's INTERNAL (src/proto/codec.rs).
+    tonic_prost_build::configure()
+        .codec_path("crate::proto::codec::StrictCodec")
+        .compile_protos(&files, &[PathBuf::from("proto")])?;
     Ok(())
 }

@@ -22,18 +22,40 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
 fi
 # The TLS tests make their own CA and certificates with openssl.
 command -v openssl >/dev/null || apt_install openssl
+# The dashboard test drives a headless Chromium through chromedriver.
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  apt_install chromium chromium-driver
+fi
+# tests/deploy.rs: promtool and a real Prometheus (alerts, dashboard
+# queries against the demo), kubectl kustomize, and the Kubernetes schemas.
+if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+  apt_install prometheus
+fi
+command -v kubectl >/dev/null || apt_install kubernetes-client
+if [ "$(kubernetes-validate --version 2>/dev/null)" != "1.37.0" ]; then
+  echo "==> installing kubernetes-validate 1.37.0 (pip)"
+  python3 -m pip install -q kubernetes-validate==1.37.0
+fi
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
   rustup component add rustfmt clippy
 fi
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
+# Every integration test starts real servers, so each one names the feature
+# it needs; one left out breaks the library-only build below.
+declared=$(awk '/^\[/ { in_test = ($0 == "[[test]]") } in_test && /^name = / { gsub(/"/, "", $3); print $3 }' Cargo.toml)
+missing=""
+for t in tests/*.rs; do
+  name=$(basename "$t" .rs)
+  grep -qx "$name" <<<"$declared" || missing="$missing $name"
+done
+if [ -n "$missing" ]; then
+  echo "tests without a [[test]] entry (required-features = [\"server\"]) in Cargo.toml:$missing" >&2
+  exit 1
+fi
 echo "==> cargo clippy"
 cargo clippy --all-targets --locked -- -D warnings
-echo "==> cargo test"
-cargo test --all-targets --locked
-cargo test --doc --locked
-
 # What a gateway embedding `meridian::Limiter` compiles: no server parts.
 # Clippy over every target also proves each one either builds without the
 # server or says it needs it (`required-features` in Cargo.toml).
@@ -45,3 +67,8 @@ cargo test --locked --no-default-features --features redis --doc
 echo "==> library only, memory store: --no-default-features"
 cargo clippy --locked --no-default-features --lib -- -D warnings
 cargo test --locked --no-default-features --doc
+
+echo "==> cargo test"
+cargo test --all-targets --locked
+cargo test --doc --locked
+

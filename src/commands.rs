@@ -4,6 +4,7 @@
 
 pub use crate::bench::{BenchArgs, run as bench};
 pub use crate::coordinator::{CoordinatorArgs, run as coordinator};
+pub use crate::ctl::{CtlArgs, run as ctl};
 pub use crate::demo::{DemoArgs, run as demo};
 pub use crate::limiter::cli::{LimiterArgs, run as limiter};
 pub use crate::rules::cli::{RulesArgs, run as rules};
@@ -11,3 +12,4 @@ pub use crate::sim::cli::{SimulateArgs, run as simulate};
 pub use crate::telemetry::{LogFormat, init_logs};
 pub use crate::tls::certs::{CertsArgs, run as certs};
 pub use crate::tls::install_crypto_provider;
+pub use crate::traces::{DEFAULT_CHECK_RATIO, Exporter, Service};

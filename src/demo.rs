@@ -44,15 +44,33 @@ pub struct DemoArgs {
     /// mostly-hyderabad (and as long to swing back).
     #[arg(long, default_value = "60s", value_parser = crate::rules::parse_duration)]
     pub shift_every: Duration,
-    /// How often the coordinator re-divides the limit.
-    #[arg(long, default_value = "5s", value_parser = crate::rules::parse_duration)]
-    pub rebalance_interval: Duration,
+    /// How often the coordinator re-divides the limit (default 5s; 1s with
+    /// --drill, so leases of 6 intervals lapse within a drill).
+    #[arg(long, value_parser = crate::rules::parse_duration)]
+    pub rebalance_interval: Option<Duration>,
     /// Stop by itself after this long (default: run until Ctrl-C).
     #[arg(long = "for", value_parser = crate::rules::parse_duration)]
     pub run_for: Option<Duration>,
     /// Use the embedded store even when redis-server is installed.
     #[arg(long)]
     pub no_redis: bool,
+    /// Run a scripted failover drill of hyderabad in each mode — drain,
+    /// fail, partition — one after another, print each drill's report, then
+    /// stop. The rule is then a fixed window of 10 s (1,000/min in
+    /// 10-second parts), so the reports count the world's admissions per
+    /// window. Takes about two minutes.
+    #[arg(long)]
+    pub drill: bool,
+}
+
+impl DemoArgs {
+    fn rebalance_interval(&self) -> Duration {
+        self.rebalance_interval.unwrap_or(if self.drill {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_secs(5)
+        })
+    }
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -142,9 +160,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .map(|(id, raft, http)| format!("{id}=127.0.0.1:{raft}@127.0.0.1:{http}"))
         .collect();
     let init = init.join(",");
-    let interval = format!("{}ms", args.rebalance_interval.as_millis());
-    let lease = format!("{}ms", (args.rebalance_interval * 6).as_millis());
-    let suspect = format!("{}ms", (args.rebalance_interval * 3).as_millis());
+    let every = args.rebalance_interval();
+    let interval = format!("{}ms", every.as_millis());
+    let lease = format!("{}ms", (every * 6).as_millis());
+    let suspect = format!("{}ms", (every * 3).as_millis());
     for (id, raft, http) in &coordinators {
         let mut cmd = Command::new(&exe);
         cmd.arg("coordinator")
@@ -198,18 +217,37 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         )
         .await?;
     }
-    let rules = format!(
-        "# The demo's rule: every customer may make {LIMIT_PER_MINUTE} calls a minute, worldwide.\n\
-         domain: demo\n\
-         descriptors:\n  \
-           - key: customer\n    \
-             scope: global\n    \
-             algorithm: sliding_window_counter\n    \
-             rate_limit:\n      \
-               name: per_customer\n      \
-               unit: minute\n      \
-               requests_per_unit: {LIMIT_PER_MINUTE}\n"
-    );
+    let rules = if args.drill {
+        // Counted windows (fixed, exact) are what a drill report measures
+        // per window; 10 s ones give it several per drill.
+        format!(
+            "# The demo's rule for drills: every customer may make {} calls per 10 s, worldwide.\n\
+             domain: demo\n\
+             descriptors:\n  \
+               - key: customer\n    \
+                 scope: global\n    \
+                 algorithm: fixed_window\n    \
+                 period: 10s\n    \
+                 rate_limit:\n      \
+                   name: per_customer\n      \
+                   requests_per_unit: {}\n",
+            LIMIT_PER_MINUTE / 6,
+            LIMIT_PER_MINUTE / 6
+        )
+    } else {
+        format!(
+            "# The demo's rule: every customer may make {LIMIT_PER_MINUTE} calls a minute, worldwide.\n\
+             domain: demo\n\
+             descriptors:\n  \
+               - key: customer\n    \
+                 scope: global\n    \
+                 algorithm: sliding_window_counter\n    \
+                 rate_limit:\n      \
+                   name: per_customer\n      \
+                   unit: minute\n      \
+                   requests_per_unit: {LIMIT_PER_MINUTE}\n"
+        )
+    };
     admin_write(
         &client,
         reqwest::Method::PUT,
@@ -299,6 +337,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!(
         "Meridian demo — 3 coordinators, 2 regions, a global limit of {LIMIT_PER_MINUTE}/min per customer"
     );
+    if let Some(first) = coordinators.first() {
+        println!(
+            "  dashboard: {}/   (any coordinator serves it; the certificate is the demo's own CA, below)",
+            first.http
+        );
+    }
     for (i, c) in coordinators.iter().enumerate() {
         println!(
             "  coordinator {}: admin API {}/api/v1/allocations   metrics {}/metrics   gRPC {}",
@@ -355,9 +399,22 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     };
     tokio::pin!(stop);
     let mut tick = tokio::time::interval(Duration::from_secs(2));
+    let drills = async {
+        if args.drill {
+            drill_script(&client, admin, &token, every).await
+        } else {
+            std::future::pending().await
+        }
+    };
+    tokio::pin!(drills);
+    let mut failed = None;
     loop {
         tokio::select! {
             () = &mut stop => break,
+            done = &mut drills => {
+                failed = done.err();
+                break;
+            }
             _ = tick.tick() => {
                 let line = summary(&client, &coordinators, &stats, started, &args).await;
                 println!("{line}");
@@ -378,6 +435,68 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     drop(limiters);
     drop(rest);
     drop(dir);
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// `--drill`: a drain, a fail and a partition of hyderabad, one after the
+/// other, each waited out and its report printed. The summary lines go on
+/// meanwhile, so the split can be watched moving.
+async fn drill_script(
+    client: &reqwest::Client,
+    admin: &str,
+    token: &str,
+    every: Duration,
+) -> anyhow::Result<()> {
+    // Let the allocation follow the traffic first.
+    tokio::time::sleep((every * 8).max(Duration::from_secs(8))).await;
+    // A drain needs no lease to lapse; fail and partition run past the
+    // lease (6 intervals) so the report shows the fallback and re-grant.
+    let lease = every * 6;
+    for (mode, duration) in [
+        ("drain", (every * 8).max(Duration::from_secs(8))),
+        ("fail", lease + Duration::from_secs(6)),
+        ("partition", lease + Duration::from_secs(6)),
+    ] {
+        let note = format!("meridian demo --drill: {mode} hyderabad");
+        let body = json!({
+            "region": "hyderabad",
+            "mode": mode,
+            "duration": format!("{}ms", duration.as_millis()),
+            "note": note,
+        });
+        let answer = admin_send(
+            client,
+            reqwest::Method::POST,
+            &format!("{admin}/api/v1/drills"),
+            token,
+            body,
+        )
+        .await?;
+        let id = answer["drill"]
+            .as_u64()
+            .with_context(|| format!("the coordinator answered {answer} to a drill start"))?;
+        println!("\n== drill {id}: {mode} hyderabad for {:?} ==", duration);
+        let deadline = Instant::now() + duration + Duration::from_secs(150);
+        let report = loop {
+            let r = client
+                .get(format!("{admin}/api/v1/drills/{id}"))
+                .send()
+                .await
+                .context("reading the drill")?;
+            let body: Value = r.json().await.context("the drill's answer")?;
+            if body["report"]["complete"] == json!(true) {
+                break body;
+            }
+            if Instant::now() > deadline {
+                bail!("drill {id} did not finish: {}", body["markdown"]);
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        println!("\n{}", report["markdown"].as_str().unwrap_or_default());
+    }
     Ok(())
 }
 
@@ -619,9 +738,21 @@ async fn admin_write(
     token: &str,
     body: Value,
 ) -> anyhow::Result<()> {
+    admin_send(client, method, url, token, body).await.map(drop)
+}
+
+/// An admin write; its JSON answer.
+async fn admin_send(
+    client: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    token: &str,
+    body: Value,
+) -> anyhow::Result<Value> {
     let r = client
         .request(method, url)
         .bearer_auth(token)
+        .header("x-meridian-operator", "meridian demo")
         .json(&body)
         .send()
         .await
@@ -631,7 +762,9 @@ async fn admin_write(
         let text = r.text().await.unwrap_or_default();
         bail!("{url}: {status} {text}");
     }
-    Ok(())
+    r.json()
+        .await
+        .with_context(|| format!("{url}: the answer is not JSON"))
 }
 
 /// Writes `text` to a new file only this user can read.

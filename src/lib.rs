@@ -29,6 +29,8 @@ pub mod commands;
 #[cfg(feature = "server")]
 mod coordinator;
 #[cfg(feature = "server")]
+mod ctl;
+#[cfg(feature = "server")]
 mod demo;
 pub mod library;
 mod limiter;
@@ -48,6 +50,8 @@ mod tasks;
 mod telemetry;
 #[cfg(feature = "server")]
 mod tls;
+#[cfg(feature = "server")]
+mod traces;
 
 pub use library::{BuildError, Builder, Limiter};
 pub use limiter::{EngineConfig, Source, Verdict};

@@ -110,7 +110,10 @@ impl Limiter {
             hits: Some(cost),
         };
         let mut outcomes = self.inner.rate_limit(domain, &[descriptor], 1).await?;
-        Ok(outcomes.pop().flatten().map(|o| o.verdict))
+        match outcomes.pop() {
+            Some(outcome) => Ok(outcome?.map(|o| o.verdict)),
+            None => Ok(None),
+        }
     }
 
     /// Decides `key` under the rule named `rule` (its `rate_limit.name`) in

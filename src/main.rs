@@ -1,6 +1,6 @@
 //! `meridian`: command-line dispatch only.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use meridian::commands::{self, LogFormat};
 
 /// The hot path allocates small, short-lived buffers on every check (protobuf
@@ -43,6 +43,9 @@ enum Command {
     Rules(commands::RulesArgs),
     /// Make a CA and the certificates the control plane's mutual TLS needs.
     Certs(commands::CertsArgs),
+    /// Operate a running cluster from a terminal: rules, regions,
+    /// allocations, leases, membership, a live view (the admin HTTP API).
+    Ctl(commands::CtlArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -54,16 +57,37 @@ fn main() -> std::process::ExitCode {
         Command::Coordinator(_) => "info,openraft=warn",
         _ => "meridian=info",
     };
-    commands::init_logs(cli.log_format, default_filter);
+    // The services export OTLP traces when OTEL_EXPORTER_OTLP_ENDPOINT is
+    // set: every round of a coordinator, a share of a limiter's checks.
+    let service = match cli.command {
+        Command::Limiter(_) => Some(commands::Service {
+            name: "meridian-limiter",
+            ratio: commands::DEFAULT_CHECK_RATIO,
+        }),
+        Command::Coordinator(_) => Some(commands::Service {
+            name: "meridian-coordinator",
+            ratio: 1.0,
+        }),
+        _ => None,
+    };
+    let format = cli.log_format;
+    // Traces need the runtime, so the services set up logs inside theirs.
+    let logs = move || commands::init_logs(format, default_filter, service);
+    if service.is_none() {
+        drop(logs());
+    }
     match cli.command {
         // Checks are served on the limiter's own worker threads; the main
         // thread only accepts connections and runs the control tasks.
-        Command::Limiter(args) => run_on(true, commands::limiter(args)),
-        Command::Coordinator(args) => run(async { Ok(commands::coordinator(args).await?) }),
+        Command::Limiter(args) => run_on(true, logs, commands::limiter(args)),
+        Command::Coordinator(args) => run_on(false, logs, async {
+            Ok(commands::coordinator(args).await?)
+        }),
         Command::Demo(args) => run(commands::demo(args)),
         Command::Simulate(args) => commands::simulate(args),
         Command::Bench(args) => run(async { Ok(commands::bench(args).await.map(drop)?) }),
         Command::Rules(args) => commands::rules(args),
+        Command::Ctl(args) => commands::ctl(args, Cli::command),
         Command::Certs(args) => match commands::certs(args) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
@@ -77,13 +101,16 @@ fn main() -> std::process::ExitCode {
 /// Runs a service command on a multi-threaded runtime; an error is printed
 /// with its causes and exits 1.
 fn run(command: impl std::future::Future<Output = anyhow::Result<()>>) -> std::process::ExitCode {
-    run_on(false, command)
+    run_on(false, || None, command)
 }
 
 /// [`run`] on tokio's current-thread runtime when `one_thread` (the caller
-/// runs its own threads), else on one worker thread per core.
+/// runs its own threads), else on one worker thread per core. `logs` sets up
+/// logging (and traces) inside the runtime; the exporter it returns is
+/// flushed before the runtime stops.
 fn run_on(
     one_thread: bool,
+    logs: impl FnOnce() -> Option<commands::Exporter>,
     command: impl std::future::Future<Output = anyhow::Result<()>>,
 ) -> std::process::ExitCode {
     let runtime = if one_thread {
@@ -100,7 +127,20 @@ fn run_on(
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(command) {
+    let exporter = {
+        let _inside = runtime.enter();
+        logs()
+    };
+    let outcome = runtime.block_on(async {
+        let outcome = command.await;
+        // The flush blocks until the export is done, and the export needs
+        // this runtime's threads: a blocking thread waits for it.
+        if let Some(exporter) = exporter {
+            let _ = tokio::task::spawn_blocking(move || drop(exporter)).await;
+        }
+        outcome
+    });
+    match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -65,6 +65,7 @@ pub const WATCH_MESSAGE_BUDGET: usize = 4 * 1024 * 1024 - 64 * 1024;
 pub const MAX_ASSEMBLED_UPDATE_BYTES: usize = 512 * 1024 * 1024;
 
 pub mod allocation_parts;
+pub mod codec;
 
 /// The per-region allocation update travels as `meridian.v1.AllocationUpdate`;
 /// the coordinator builds it, the limiter reads it.

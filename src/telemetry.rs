@@ -18,22 +18,40 @@ pub enum LogFormat {
 }
 
 /// Logs to stderr in `format`; `RUST_LOG` (e.g. `meridian=debug`) overrides
-/// the `default` filter. Called once, by `main`, for every command.
-pub fn init_logs(format: LogFormat, default: &str) {
+/// the `default` filter. Called once, by `main`, for every command. For a
+/// `service` (limiter, coordinator) it also exports OTLP traces when
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` is set (see `traces`); it must then run
+/// inside the tokio runtime, and the returned exporter be dropped (flushed)
+/// before that runtime stops.
+pub fn init_logs(
+    format: LogFormat,
+    default: &str,
+    service: Option<crate::traces::Service>,
+) -> Option<crate::traces::Exporter> {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
+    let builder = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let logs = match format {
         // Escape codes are for terminals: in a file or a log pipeline
         // (systemd, Kubernetes) they are noise around every field. NO_COLOR
         // (no-color.org) turns them off on a terminal too.
         LogFormat::Text => builder
             .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
-            .try_init(),
-        LogFormat::Json => builder.json().try_init(),
+            .boxed(),
+        LogFormat::Json => builder.json().boxed(),
     };
+    let (traces, exporter) = match service.and_then(crate::traces::layer) {
+        Some((layer, exporter)) => (Some(layer), Some(exporter)),
+        None => (None, None),
+    };
+    let _ = tracing_subscriber::registry()
+        .with(logs.with_filter(filter))
+        .with(traces)
+        .try_init();
+    exporter
 }
 
 /// Latency of one check or store call, 50 µs to 1 s: the hot path lives at
@@ -95,20 +113,42 @@ fn builder() -> PrometheusBuilder {
         })
 }
 
-/// The process-wide Prometheus recorder, installed on first use. Its
-/// histograms need trimming: run [`upkeep`] as one of the service's tasks.
-pub fn metrics() -> PrometheusHandle {
+/// The process-wide Prometheus recorder for `component` (`limiter`,
+/// `coordinator`), installed on first use: every series it renders carries
+/// `labels` (the limiter's `region`), and `meridian_build_info` is 1 with the
+/// version and the component, so a dashboard can tell which build answers.
+/// Its histograms need trimming: run [`upkeep`] as one of the service's tasks.
+/// A later call returns the same recorder, whatever it asks for: one
+/// process, one set of labels.
+pub fn metrics_for(component: &str, labels: &[(&str, &str)]) -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let recorder = builder().build_recorder();
+            let recorder = labels
+                .iter()
+                .fold(builder(), |b, (name, value)| {
+                    b.add_global_label(*name, *value)
+                })
+                .build_recorder();
             let handle = recorder.handle();
             if metrics::set_global_recorder(recorder).is_err() {
                 tracing::warn!("a metrics recorder was already installed; /metrics may be empty");
             }
+            build_info(component);
             handle
         })
         .clone()
+}
+
+/// `meridian_build_info{version, component} 1`: the usual Prometheus way to
+/// publish a build as labels of a constant series.
+fn build_info(component: &str) {
+    metrics::gauge!(
+        "meridian_build_info",
+        "version" => env!("CARGO_PKG_VERSION"),
+        "component" => component.to_owned()
+    )
+    .set(1.0);
 }
 
 /// Drains the histograms' samples into their buckets every 5 s, so memory
@@ -153,6 +193,30 @@ mod tests {
             );
         }
         assert!(!text.contains("quantile="), "{text}");
+    }
+
+    #[test]
+    fn global_labels_and_build_info_are_on_every_series() {
+        let recorder = builder()
+            .add_global_label("region", "mumbai")
+            .build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            build_info("limiter");
+            metrics::counter!("meridian_checks_total", "rule" => "api|otp").increment(1);
+        });
+        let text = handle.render();
+        assert!(
+            text.contains(&format!(
+                "meridian_build_info{{region=\"mumbai\",version=\"{}\",component=\"limiter\"}} 1",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains("meridian_checks_total{region=\"mumbai\",rule=\"api|otp\"} 1"),
+            "{text}"
+        );
     }
 
     #[test]

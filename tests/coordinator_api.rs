@@ -204,13 +204,27 @@ async fn rollout_and_rollback_create_versions_and_stream_to_limiters() {
     let mut client = CoordinatorClient::connect(cluster.node(watcher).grpc_url())
         .await
         .expect("connect to the coordinator's gRPC");
-    let mut stream = client
-        .watch_rules(WatchRulesRequest {
-            region: "eu".into(),
-        })
-        .await
-        .expect("watch rules")
-        .into_inner();
+    // A node refuses watches until it has applied the cluster id its
+    // leader sets after the first election; a limiter tries again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut stream = loop {
+        match client
+            .watch_rules(WatchRulesRequest {
+                region: "eu".into(),
+            })
+            .await
+        {
+            Ok(stream) => break stream.into_inner(),
+            Err(status) if status.code() == tonic::Code::Unavailable => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "watch rules still refused: {status}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(status) => panic!("watch rules: {status}"),
+        }
+    };
     let first = stream
         .message()
         .await
@@ -373,4 +387,105 @@ async fn rollout_and_rollback_create_versions_and_stream_to_limiters() {
     assert_eq!(status, 200);
     assert_eq!(body["status"], "ok");
     assert!(cluster.metric(via, "meridian_coordinator_raft_term").await >= 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deeply_nested_yaml_is_refused_with_its_depth_and_the_node_stays_up() {
+    let cluster = Cluster::start(1, Options::default()).await;
+    for (style, text) in common::deeply_nested_rules() {
+        let (status, body) = cluster.put_text(1, &text).await;
+        assert_eq!(status, 400, "{style}: {body}");
+        let error = body["error"].as_str().unwrap_or_default();
+        assert!(
+            error.starts_with("rules.yaml:") && error.contains("at most 64"),
+            "{style}: {body}"
+        );
+        assert_eq!(body["max_depth"], 64, "{style}: {body}");
+        assert!(body["depth"].as_u64().is_some_and(|d| d > 64), "{body}");
+        assert!(body["line"].as_u64().is_some_and(|l| l >= 2), "{body}");
+        // The bare-YAML form of the PUT takes the same path.
+        let r = cluster
+            .http
+            .put(format!("{}/api/v1/rules", cluster.node(1).url()))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/yaml")
+            .body(text)
+            .send()
+            .await
+            .expect("the node answers");
+        assert_eq!(r.status(), 400, "{style}, bare YAML");
+    }
+    let (status, body) = cluster.put_rules(1, "api").await;
+    assert_eq!(status, 200, "the node still takes writes: {body}");
+    assert_eq!(body["version"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_to_a_version_below_todays_floor_is_refused() {
+    // Version 1 was accepted while the floor was off.
+    let mut cluster = Cluster::start(
+        1,
+        Options {
+            shared_rule_floor: 0.0,
+            ..Options::default()
+        },
+    )
+    .await;
+    let below = "domain: api\ndescriptors:\n  - key: path\n    value: /login\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    assert_eq!(cluster.put_text(1, below).await.0, 200);
+    assert_eq!(cluster.put_rules(1, "api").await.0, 200);
+
+    cluster.kill(1);
+    // 120 a minute: 2 a second, so a bucket needs a burst of at least 2.
+    cluster.set_shared_rule_floor(120.0);
+    cluster.restart(1);
+    cluster.wait_leader(Duration::from_secs(20)).await;
+
+    for body in [Some(json!({ "to": 1 })), None] {
+        let (status, answer) = cluster
+            .send(1, Method::POST, "/api/v1/rules/rollback", body.clone())
+            .await;
+        assert_eq!(status, 422, "{body:?}: {answer}");
+        let error = answer["error"].as_str().unwrap_or_default();
+        for words in [
+            "version 1",
+            "rule api|path=/login",
+            "floor of 120 per minute",
+        ] {
+            assert!(error.contains(words), "{words:?} missing: {answer}");
+        }
+        assert_eq!(answer["version"], 1);
+        assert_eq!(answer["issues"][0]["field"], "requests_per_unit");
+    }
+    let (_, versions) = cluster
+        .get(1, "/api/v1/rules/versions")
+        .await
+        .expect("answer");
+    assert_eq!(
+        versions["versions"].as_array().map(Vec::len),
+        Some(2),
+        "a refused rollback commits nothing: {versions}"
+    );
+    // A target that passes today's checks still rolls back.
+    let (status, answer) = cluster
+        .send(
+            1,
+            Method::POST,
+            "/api/v1/rules/rollback",
+            Some(json!({ "to": 2 })),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["version"], 3);
+
+    // The floor counts a bucket's burst: 6,000 a minute, but one at a time.
+    let one_at_a_time = "domain: api\ndescriptors:\n  - key: path\n    value: /login\n    algorithm: token_bucket\n    burst: 1\n    rate_limit: {unit: minute, requests_per_unit: 6000}\n";
+    let (status, answer) = cluster.put_text(1, one_at_a_time).await;
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(answer["issues"][0]["field"], "burst", "{answer}");
+    let reason = answer["issues"][0]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("burst 1") && reason.contains("at least 2"),
+        "{answer}"
+    );
 }

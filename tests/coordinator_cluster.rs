@@ -285,3 +285,41 @@ async fn sigterm_stops_cleanly_and_node_comes_back() {
         .wait_version(leader, v2, Duration::from_secs(20))
         .await;
 }
+
+/// Nodes named by a DNS name (`--advertise-host`, as a StatefulSet's pods
+/// are) instead of their listen address: they elect a leader, a fourth
+/// joins through a follower, writes sent to a follower reach the leader by
+/// that name, and the membership lists the names, not the listen addresses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_named_by_dns_elect_join_and_forward_writes() {
+    let options = Options {
+        advertise_host: Some("localhost".into()),
+        ..tls()
+    };
+    let mut cluster = Cluster::start(3, options).await;
+    let leader = cluster.wait_leader(Duration::from_secs(20)).await;
+    let follower = [1, 2, 3]
+        .into_iter()
+        .find(|id| *id != leader)
+        .expect("a follower");
+    cluster.join(4, follower);
+    wait_voters(&cluster, 4).await;
+    let (status, body) = cluster.put_rules(follower, "named").await;
+    assert_eq!(status, 200, "a write through follower {follower}: {body}");
+    let (_, members) = cluster
+        .get(4, "/api/v1/cluster")
+        .await
+        .expect("node 4 answers");
+    let nodes = members["nodes"].as_array().expect("nodes");
+    assert_eq!(nodes.len(), 4, "{members}");
+    for node in nodes {
+        for field in ["raft_addr", "http_addr"] {
+            let addr = node[field].as_str().expect("an address");
+            assert!(
+                addr.starts_with("localhost:"),
+                "node {} has {field} {addr}: {members}",
+                node["id"]
+            );
+        }
+    }
+}

@@ -11,40 +11,19 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::global::{LEASE, Load, World, admitted_per_window, now_us, summarize};
+use common::global::{
+    LEASE, Load, World, admitted_per_window, now_us, strict_and_available, summarize,
+};
 
 const L: u64 = 200;
 const PERIOD: Duration = Duration::from_secs(4);
 /// fallback 0.5 × the static share (L / 2 regions).
 const FALLBACK: u64 = 50;
 
-fn rules() -> String {
-    let rule = |name: &str, partition: &str| {
-        format!(
-            "  - key: {name}
-    scope: global
-    fail_mode: closed
-    partition: {partition}
-    fallback: 0.5
-    algorithm: fixed_window
-    period: 4s
-    rate_limit:
-      name: {name}
-      requests_per_unit: {L}
-"
-        )
-    };
-    format!(
-        "domain: api\ndescriptors:\n{}{}",
-        rule("strict", "strict"),
-        rule("avail", "available")
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cut_off_region_holds_its_allocation_until_the_lease_then_its_fallback() {
     let world = World::start_as(
-        &rules(),
+        &strict_and_available(L),
         &["mumbai", "hyderabad"],
         &["2s", "6s", "2s"],
         true,

@@ -99,7 +99,7 @@ fn check_prints_every_error_with_file_and_line_and_exits_2() {
     let dir = Dir::new();
     let bad = dir.write(
         "bad.yaml",
-        "domain: api\ndescriptors:\n  - key: user\n    ratelimit: {unit: day}\n  - value: x\n    rate_limit: {unit: fortnight, requests_per_unit: 0}\n",
+        "domain: api\ndescriptors:\n  - key: user\n    ratelimit: {unit: day}\n  - value: x\n    rate_limit: {unit: fortnight, requests_per_unit: -1}\n",
     );
     let also_bad = dir.write("also_bad.yaml", "descriptors: []\n");
     let out = meridian(&["rules", "check", p(&bad), p(&also_bad)]);
@@ -110,7 +110,10 @@ fn check_prints_every_error_with_file_and_line_and_exits_2() {
         format!("{}:4: ratelimit: unknown field", p(&bad)),
         format!("{}:5: key: missing", p(&bad)),
         format!("{}:6: unit: unknown unit \"fortnight\"", p(&bad)),
-        format!("{}:6: requests_per_unit: must be at least 1", p(&bad)),
+        format!(
+            "{}:6: requests_per_unit: must be 0 (deny every request) or more",
+            p(&bad)
+        ),
         format!("{}:1: domain: missing", p(&also_bad)),
     ];
     assert_eq!(lines.len(), expected.len(), "{err}");
@@ -273,4 +276,36 @@ fn help_explains_both_commands() {
         text.contains("KEY=VALUE") && text.contains("--json"),
         "{text}"
     );
+}
+
+#[test]
+fn check_refuses_deep_nesting_with_exit_2_not_a_crash() {
+    let dir = Dir::new();
+    for (style, text) in [
+        (
+            "block",
+            format!("domain: api\ndescriptors:\n{}x\n", "- ".repeat(50_000)),
+        ),
+        (
+            "flow list",
+            format!("domain: api\ndescriptors: {}\n", "[".repeat(100_000)),
+        ),
+        (
+            "flow map",
+            format!("domain: api\ndescriptors: {}\n", "{a: ".repeat(25_000)),
+        ),
+    ] {
+        let file = dir.write("deep.yaml", &text);
+        let out = meridian(&["rules", "check", p(&file)]);
+        assert_eq!(out.status.code(), Some(2), "{style}: {}", stderr(&out));
+        let err = stderr(&out);
+        let line = if style == "block" { 3 } else { 2 };
+        assert!(
+            err.starts_with(&format!(
+                "{}:{line}: yaml: nested 65 levels deep here; at most 64",
+                p(&file)
+            )),
+            "{style}: {err}"
+        );
+    }
 }

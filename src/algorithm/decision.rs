@@ -38,6 +38,10 @@ pub enum DenyReason {
         /// The most one check can ask for: the burst for the buckets, the limit otherwise.
         capacity: u64,
     },
+    /// A bounded in-process store holds as many keys as it may and this key
+    /// is new to it: refused rather than let through uncounted, or made room
+    /// for by forgetting (and so resetting) another key's count.
+    StoreFull,
 }
 
 impl Decision {

@@ -13,6 +13,9 @@ use super::{Allocations, Epoch, Millis, RegionWindow, TOP_UP_JUMP, WindowUse};
 /// Keys one pod reports per global rule, by hits asked; the rest are summed
 /// into a remainder. The coordinator refuses a report with more.
 pub const REPORT_TOP_KEYS: usize = 1_000;
+/// Top-up requests one report may carry; the coordinator refuses a report
+/// with more, so a pod stops asking once it holds this many.
+pub const MAX_REPORT_TOP_UPS: usize = 1_000;
 
 /// One report line: demand for a key (or the rest of a rule) over an interval.
 #[derive(Debug, Clone, PartialEq)]

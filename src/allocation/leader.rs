@@ -567,6 +567,12 @@ impl Leader {
             .collect()
     }
 
+    /// A region's part changed outside the reports (an operator drained it,
+    /// a drill began or ended): the next round runs at once.
+    pub fn regions_changed(&mut self) {
+        self.regions_changed = true;
+    }
+
     /// Regions that reported without being registered, since the last call.
     pub fn take_unknown_regions(&mut self) -> BTreeSet<String> {
         std::mem::take(&mut self.unknown_regions)

@@ -423,11 +423,17 @@ impl Table {
                 _ => view.split.at(now_ms),
             },
         };
-        Some(if now_ms > self.valid_until_ms {
+        Some(self.within_lease(view, value, now_ms))
+    }
+
+    /// `value` as enforced at `now_ms`: past the lease, at most the rule's
+    /// fallback.
+    fn within_lease(&self, view: &RuleView, value: u64, now_ms: Millis) -> u64 {
+        if now_ms > self.valid_until_ms {
             value.min(view.fallback)
         } else {
             value
-        })
+        }
     }
 
     /// The largest value any key of `rule` has now (the `cap` of a
@@ -442,6 +448,18 @@ impl Table {
             .filter(|(_, until)| now_ms < *until)
             .map(|(v, _)| v.at(now_ms));
         Some(keys.chain(retiring).fold(view.split.at(now_ms), u64::max))
+    }
+
+    /// The rules this table holds allocations for.
+    pub fn rules(&self) -> impl Iterator<Item = &str> {
+        self.rules.keys().map(String::as_str)
+    }
+
+    /// The rule-level value in force for keys without an entry of their own
+    /// (past the lease, the smaller of it and the fallback, as [`Table::limit`]).
+    pub fn split_limit(&self, rule: &str, now_ms: Millis) -> Option<u64> {
+        let view = self.rules.get(rule)?;
+        Some(self.within_lease(view, view.split.at(now_ms), now_ms))
     }
 
     /// The world-wide limit of a rule this table holds.

@@ -367,7 +367,18 @@ fn the_table_fences_old_epochs_switches_at_window_boundaries_and_falls_back() {
         Some(100),
         "a lapsed lease falls to the fallback"
     );
+    assert_eq!(
+        table.split_limit("r", 99_999),
+        Some(300),
+        "the rule-level value"
+    );
+    assert_eq!(
+        table.split_limit("r", 100_001),
+        Some(100),
+        "… and its fallback"
+    );
     assert_eq!(table.limit("other", "k", 0), None);
+    assert_eq!(table.split_limit("other", 0), None);
 
     // The lease is renewed mid-window (the region reconnected) with the
     // value it was cut off with: it keeps enforcing the fallback it fell

@@ -9,16 +9,22 @@
 //! a learning period; it starts with no acknowledgements, which only delays
 //! grows (shrinks stay counted at their old value until pods report again).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
 use tokio::sync::Notify;
 use tonic::Status;
+use tracing::Instrument;
 
+use super::drill::Mode;
+use super::drill::observe::{HitCounts, WindowCounts};
+use super::hits::{Hits, ReportedHits};
 use super::node::{Node, Write};
 use super::raft::storage::Applied;
-use super::state::{Command, RegionState, Registry, RuleSetVersion, Stage};
+use super::state::{Command, RegionState, Registry};
+use crate::allocation::EpochDelta;
 use crate::allocation::RegionStatus;
 use crate::allocation::demand::PodEpoch;
 use crate::allocation::leader::{
@@ -27,7 +33,6 @@ use crate::allocation::leader::{
 use crate::clock::now_unix_ms;
 use crate::proto::meridian::v1 as pb;
 use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
-use crate::rules::{RuleFile, RuleSet};
 use crate::tls::Expect;
 
 /// gRPC metadata marking a report relayed by another node.
@@ -47,7 +52,20 @@ pub struct Allocator {
     /// `--auto-register-regions`: a report from an unknown region registers
     /// it (dev and the demo); otherwise such reports are refused.
     auto_register_regions: bool,
+    /// Hits reported to this node while it led, for `ctl top`'s
+    /// rejections (bounded as `hits.rs` says). A `std` mutex: held for a
+    /// few map updates, never across `.await`.
+    hits: Mutex<ReportedHits>,
+    /// Counted rules' window use as reports tell it, kept while a drill is
+    /// observed (its report's per-window figures); bounded as
+    /// [`DRILL_WINDOWS`] says.
+    drill_windows: Mutex<WindowCounts>,
 }
+
+/// Window-use entries kept for drills: (rule, window) pairs, the newest
+/// kept; windows older than [`DRILL_WINDOW_AGE_MS`] are dropped too.
+pub const DRILL_WINDOWS: usize = 10_000;
+const DRILL_WINDOW_AGE_MS: i64 = 600_000;
 
 /// The [`Leader`] and the Raft term it leads for.
 struct Leading {
@@ -71,6 +89,8 @@ impl Allocator {
             node,
             wake: Notify::new(),
             leader_client: tokio::sync::Mutex::new(None),
+            hits: Mutex::new(ReportedHits::default()),
+            drill_windows: Mutex::new(WindowCounts::new()),
         })
     }
 
@@ -105,7 +125,8 @@ impl Allocator {
         Some(guard)
     }
 
-    fn is_leader(&self) -> bool {
+    /// Whether this node leads now (and so counts reports).
+    pub fn is_leader(&self) -> bool {
         let m = self.node.raft.metrics().borrow().clone();
         m.current_leader == Some(self.node.id)
     }
@@ -114,6 +135,21 @@ impl Allocator {
     pub async fn report(&self, report: pb::DemandReport, forwarded: bool) -> Result<u64, Status> {
         // Checked where it arrives: a follower relays only what it accepted.
         let accepted = super::report::accept(&report)?;
+        let drill = self
+            .node
+            .applied
+            .borrow()
+            .registry
+            .drills
+            .active_on(&report.region)
+            .map(|d| (d.id, d.mode));
+        if let Some((id, Mode::Partition)) = drill {
+            counter!("meridian_coordinator_reports_refused_total", "field" => "drill").increment(1);
+            return Err(Status::unavailable(format!(
+                "region {:?} is cut off from the coordinators by drill {id} (partition)",
+                report.region
+            )));
+        }
         let registered = self
             .node
             .applied
@@ -129,6 +165,14 @@ impl Allocator {
                 report.region, report.region
             )));
         }
+        // When this node last heard each region (a region is registered, or
+        // auto-registered in development, so the label stays bounded): the
+        // "region silent" alert takes the newest over every node.
+        metrics::gauge!(
+            "meridian_coordinator_region_last_report_timestamp_seconds",
+            "region" => report.region.clone()
+        )
+        .set(now_unix_ms() as f64 / 1000.0);
         if self.is_leader() {
             if !self
                 .lock()
@@ -143,6 +187,17 @@ impl Allocator {
                     accepted.region,
                     crate::allocation::demand::MAX_PODS_PER_REGION
                 )));
+            }
+            self.record_windows(&accepted);
+            self.count_hits(&report);
+            if let Some((id, Mode::Fail)) = drill {
+                // Treated as dead: the report moves nothing (no demand, no
+                // acknowledgement, no lease renewal); its hits and window use
+                // are still counted for the drill's report.
+                counter!("meridian_coordinator_reports_ignored_total", "reason" => "drill")
+                    .increment(1);
+                tracing::debug!(region = %report.region, drill = id, "report ignored: region failed by a drill");
+                return Ok(self.node.applied.borrow().registry.allocations.epoch);
             }
             self.ingest(&accepted);
             return Ok(self.node.applied.borrow().registry.allocations.epoch);
@@ -203,6 +258,135 @@ impl Allocator {
         }
     }
 
+    /// Adds an accepted report's hits to [`Allocator::hits`]: for rules
+    /// with an allocation, from registered regions.
+    fn count_hits(&self, report: &pb::DemandReport) {
+        let applied = self.node.applied.borrow().clone();
+        let registry = &applied.registry;
+        self.hits.lock().unwrap_or_else(|p| p.into_inner()).record(
+            report,
+            |rule| registry.allocations.rules.contains_key(rule),
+            |rule, key| {
+                registry
+                    .allocations
+                    .rules
+                    .get(rule)
+                    .is_some_and(|r| r.keys.contains_key(key))
+            },
+            |region| registry.regions.contains_key(region),
+        );
+    }
+
+    /// Notes a report's window use while some drill is observed: each
+    /// region heard in a window counts (0 if it reported none), with the
+    /// most any key reached.
+    fn record_windows(&self, report: &PodReport) {
+        let applied = self.node.applied.borrow().clone();
+        let drills = &applied.registry.drills;
+        if drills.unfinished().next().is_none() {
+            return;
+        }
+        let now = now_unix_ms();
+        let mut windows = self.drill_windows.lock().unwrap_or_else(|p| p.into_inner());
+        let periods: BTreeMap<String, i64> = drills
+            .unfinished()
+            .flat_map(|d| d.baseline.iter())
+            .filter(|b| b.period_ms > 0)
+            .map(|b| (b.rule.clone(), b.period_ms as i64))
+            .collect();
+        for (rule, &p) in &periods {
+            let start = now.div_euclid(p) * p;
+            windows
+                .entry((rule.clone(), start))
+                .or_default()
+                .entry(report.region.clone())
+                .or_default();
+            // Heard after the last window ended: its figure there is final.
+            if let Some(h) = windows
+                .get_mut(&(rule.clone(), start - p))
+                .and_then(|w| w.get_mut(&report.region))
+            {
+                h.last = true;
+            }
+        }
+        for u in &report.used {
+            let Some(&p) = periods.get(&u.rule) else {
+                continue;
+            };
+            let current = now.div_euclid(p) * p;
+            // The current window, or one that ended (its final count, which
+            // a leader that took over since has no entry for yet); nothing
+            // older than the retention below, nothing in the future.
+            if u.window_start_ms > current || u.window_start_ms < now - DRILL_WINDOW_AGE_MS {
+                continue;
+            }
+            let h = windows
+                .entry((u.rule.clone(), u.window_start_ms))
+                .or_default()
+                .entry(report.region.clone())
+                .or_default();
+            h.count = h.count.max(u.used.count);
+            h.cap = h.cap.max(u.used.cap);
+            if u.window_start_ms < current {
+                h.last = true;
+            }
+        }
+        windows.retain(|(_, start), _| *start >= now - DRILL_WINDOW_AGE_MS);
+        while windows.len() > DRILL_WINDOWS {
+            let Some(oldest) = windows.keys().min_by_key(|(_, s)| *s).cloned() else {
+                break;
+            };
+            windows.remove(&oldest);
+        }
+    }
+
+    /// The window use recorded for drills.
+    pub fn drill_windows(&self) -> WindowCounts {
+        self.drill_windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Hits reported per global rule and region while this node led,
+    /// `(asked, allowed)`.
+    pub fn hit_counts(&self, rules: impl Iterator<Item = String>) -> HitCounts {
+        let hits = self.hits.lock().unwrap_or_else(|p| p.into_inner());
+        rules
+            .map(|rule| {
+                let per = hits
+                    .rule(&rule)
+                    .into_iter()
+                    .map(|(region, h)| (region, (h.asked, h.allowed)))
+                    .collect();
+                (rule, per)
+            })
+            .collect()
+    }
+
+    /// A drill began or ended: the next round runs at once.
+    pub fn nudge(&self) {
+        self.lock().leader.regions_changed();
+        self.wake.notify_one();
+    }
+
+    /// Hits reported for `rule` per region while this node led.
+    pub fn hits(&self, rule: &str) -> BTreeMap<String, Hits> {
+        self.hits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .rule(rule)
+    }
+
+    /// Hits reported for `key` of `rule` per region while this node led,
+    /// counted only while the key has an allocation entry of its own.
+    pub fn key_hits(&self, rule: &str, key: &str) -> BTreeMap<String, Hits> {
+        self.hits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .key(rule, key)
+    }
+
     /// The leader's loop; runs on every node, acts only while leading.
     pub async fn run(self: Arc<Self>) {
         loop {
@@ -227,6 +411,8 @@ impl Allocator {
         let applied: Arc<Applied> = self.node.applied.borrow().clone();
         let now = now_unix_ms();
         let started = Instant::now();
+        // A span per round the leader runs (rounds are seconds apart).
+        let span;
         let (delta, unknown) = {
             let Some(mut guard) = self.leading(&applied, now) else {
                 // Not leading: sleep until the next scheduled instant.
@@ -237,12 +423,33 @@ impl Allocator {
             let Some(kind) = guard.leader.due(now) else {
                 return Ok(());
             };
+            span = tracing::info_span!(
+                target: crate::traces::TARGET,
+                "coordinator.round",
+                kind = ?kind,
+                epoch = tracing::field::Empty,
+            );
             let regions = region_defs(&applied.registry);
-            let delta = guard
-                .leader
-                .round(kind, now, &applied.registry.allocations, &regions);
+            let delta = span.in_scope(|| {
+                guard
+                    .leader
+                    .round(kind, now, &applied.registry.allocations, &regions)
+            });
             (delta, guard.leader.take_unknown_regions())
         };
+        self.commit(delta, unknown, now, started)
+            .instrument(span)
+            .await
+    }
+
+    /// Registers `unknown` regions and commits a round's epoch, if it made one.
+    async fn commit(
+        &self,
+        delta: Option<EpochDelta>,
+        unknown: std::collections::BTreeSet<String>,
+        now: i64,
+        started: Instant,
+    ) -> Result<(), String> {
         histogram!("meridian_coordinator_rebalance_seconds")
             .record(started.elapsed().as_secs_f64());
         for name in unknown {
@@ -265,6 +472,7 @@ impl Allocator {
             return Ok(());
         };
         let epoch = delta.epoch;
+        tracing::Span::current().record("epoch", epoch);
         let bytes = bincode::serialized_size(&delta).unwrap_or(0);
         self.node
             .raft
@@ -289,7 +497,9 @@ impl Allocator {
     }
 }
 
-/// The registered regions as the leader needs them.
+/// The registered regions as the leader needs them. A region in a drain
+/// drill is draining whatever its registered state; a failed or cut-off one
+/// keeps its state (the leader simply stops hearing it, as in an outage).
 fn region_defs(registry: &Registry) -> Vec<RegionDef> {
     registry
         .regions
@@ -297,49 +507,28 @@ fn region_defs(registry: &Registry) -> Vec<RegionDef> {
         .map(|r| RegionDef {
             name: r.name.clone(),
             weight: r.weight,
-            status: match r.state {
-                RegionState::Active => RegionStatus::Active,
-                RegionState::Draining => RegionStatus::Draining,
-                RegionState::Failed => RegionStatus::Failed,
+            status: match (r.state, registry.drills.mode_of(&r.name)) {
+                (RegionState::Failed, _) => RegionStatus::Failed,
+                (_, Some(Mode::Drain)) | (RegionState::Draining, _) => RegionStatus::Draining,
+                (RegionState::Active, _) => RegionStatus::Active,
             },
         })
         .collect()
 }
 
-/// The rule-set version every region enforces: the current one once it is
-/// at stage `all`, else the last stable one.
-fn enforced_version(registry: &Registry) -> Option<&RuleSetVersion> {
-    match registry.current() {
-        Some(v) if v.stage == Stage::All => Some(v),
-        _ => registry.stable(),
-    }
-}
-
 /// Gives the leader the global rules of the enforced rule-set version when
 /// that version changed.
 fn refresh_rules(leader: &mut Leader, registry: &Registry) {
-    let version = enforced_version(registry);
-    let number = version.map(|v| v.number);
+    let number = registry.enforced().map(|v| v.number);
     if leader.rules_version() == number && number.is_some() {
         return;
     }
-    let Some(version) = version else {
-        leader.set_rules(None, Vec::new());
-        return;
-    };
-    let files: Vec<RuleFile> = version
-        .files
-        .iter()
-        .map(|(name, text)| RuleFile {
-            name: name.clone(),
-            text: text.clone(),
-        })
-        .collect();
-    match RuleSet::parse(&files) {
-        Ok(set) => leader.set_rules(number, GlobalRule::of_rule_set(&set)),
-        Err(e) => {
+    match registry.enforced_rule_set() {
+        None => leader.set_rules(None, Vec::new()),
+        Some(Ok(set)) => leader.set_rules(number, GlobalRule::of_rule_set(&set)),
+        Some(Err(e)) => {
             // Validated before commit; a parser change could still refuse it.
-            tracing::error!(version = version.number, error = %e, "enforced rule set no longer parses");
+            tracing::error!(version = number, error = %e, "enforced rule set no longer parses");
             leader.set_rules(number, Vec::new());
         }
     }

@@ -213,6 +213,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
         self.serving()?;
         let region = &request.get_ref().region;
         speaks_for(&request, region, "watch rules for", false)?;
+        not_cut_off(&self.applied.borrow(), region)?;
         let slot = self.streams.open(client_of(&request))?;
         let region = request.into_inner().region;
         tracing::info!(%region, "limiter watching rules");
@@ -223,7 +224,12 @@ impl coordinator_server::Coordinator for CoordinatorService {
             let _slot = slot;
             let mut last_sent = None;
             loop {
-                let next = update(&applied.borrow_and_update());
+                let state = applied.borrow_and_update().clone();
+                if let Err(status) = not_cut_off(&state, &region) {
+                    let _ = tx.send(Err(status)).await;
+                    break;
+                }
+                let next = update(&state);
                 let key = rules_key(&next);
                 if last_sent.as_ref() != Some(&key) {
                     if tx.send(Ok(next)).await.is_err() {
@@ -248,6 +254,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
     ) -> Result<Response<Self::WatchStream>, Status> {
         self.serving()?;
         speaks_for(&request, &request.get_ref().region, "watch", false)?;
+        not_cut_off(&self.applied.borrow(), &request.get_ref().region)?;
         let slot = self.streams.open(client_of(&request))?;
         let pb::WatchRequest { region, pod } = request.into_inner();
         if !crate::allocation::valid_region_name(&region) || pod.len() > super::report::MAX_POD_NAME
@@ -272,6 +279,10 @@ impl coordinator_server::Coordinator for CoordinatorService {
             let mut allocations_sent: Option<Arc<Applied>> = None;
             loop {
                 let state = applied.borrow_and_update().clone();
+                if let Err(status) = not_cut_off(&state, &region) {
+                    let _ = tx.send(Err(status)).await;
+                    break;
+                }
                 let rules = update(&state);
                 let key = rules_key(&rules);
                 let rules = (rules_sent.as_ref() != Some(&key)).then_some(rules);
@@ -316,6 +327,21 @@ impl coordinator_server::Coordinator for CoordinatorService {
             .report(request.into_inner(), forwarded)
             .await?;
         Ok(Response::new(pb::ReportReply { epoch }))
+    }
+}
+
+/// Refuses a region that a partition drill cuts off: its limiters must run
+/// on what they hold, as if the network were cut.
+fn not_cut_off(applied: &Applied, region: &str) -> Result<(), Status> {
+    match applied.registry.drills.active_on(region) {
+        Some(d) if d.mode == crate::coordinator::drill::Mode::Partition => {
+            metrics::counter!("meridian_coordinator_drill_refusals_total").increment(1);
+            Err(Status::unavailable(format!(
+                "region {region:?} is cut off from the coordinators by drill {} (partition)",
+                d.id
+            )))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -8,8 +8,13 @@
 
 pub mod allocator;
 pub mod api;
+pub mod drill;
+pub mod drills;
 pub mod freshness;
 pub mod grpc;
+pub mod history;
+pub mod hits;
+pub mod live;
 pub mod node;
 pub mod raft;
 pub mod report;
@@ -59,8 +64,17 @@ pub struct CoordinatorArgs {
     /// Admin HTTP API, /healthz and /metrics; peers forward writes here.
     #[arg(long)]
     pub http_addr: SocketAddr,
+    /// The host name (or IP) peers and limiters dial this node by, with the
+    /// ports of --raft-addr and --http-addr, when that is not the listen
+    /// address: a Kubernetes StatefulSet pod's stable DNS name, say, whose IP
+    /// changes when the pod moves (listen on 0.0.0.0 then). The node's
+    /// certificate must name it (`meridian certs issue --host`) [default:
+    /// the listen addresses].
+    #[arg(long, value_name = "HOST")]
+    pub advertise_host: Option<String>,
     /// Bootstrap a new cluster: `ID=RAFT_ADDR@HTTP_ADDR,...` including this
-    /// node. Ignored when the data dir already holds a cluster.
+    /// node (each address `IP:PORT` or `HOST:PORT`). Ignored when the data
+    /// dir already holds a cluster.
     #[arg(long, conflicts_with = "join")]
     pub init: Option<String>,
     /// Join a running cluster through any member's admin URL
@@ -85,6 +99,12 @@ pub struct CoordinatorArgs {
     /// kernel's backlog.
     #[arg(long, default_value_t = 256)]
     pub admin_max_connections: usize,
+    /// Samples the dashboard's history keeps per global rule and per key
+    /// entry, one per epoch: 1,440 is 24 h at the default 60 s
+    /// --rebalance-interval. Memory: about 48 + 40 × regions bytes a sample
+    /// (see GET /api/v1/history).
+    #[arg(long, default_value_t = history::DEFAULT_SAMPLES)]
+    pub history_samples: usize,
     /// Leader heartbeat interval.
     #[arg(long, default_value_t = 250)]
     pub heartbeat_ms: u64,
@@ -102,8 +122,10 @@ pub struct CoordinatorArgs {
 
     /// Least a rule whose one counter every caller shares (all levels exact
     /// values, e.g. `path: /login`) may allow, in requests per minute: a PUT
-    /// below it is refused (422), catching a limit that would throttle all
-    /// traffic at once. 0 turns the check off.
+    /// or a rollback to a version below it is refused (422), catching a limit
+    /// that would throttle all traffic at once. A token_bucket or leaky_bucket
+    /// must also admit the floor's per-second share at once: burst × 60 ≥ the
+    /// floor (floor 600 → burst ≥ 10). 0 turns the check off.
     #[arg(long, default_value_t = 0.0)]
     pub shared_rule_floor: f64,
 
@@ -272,8 +294,7 @@ pub fn parse_peers(spec: &str) -> Result<BTreeMap<NodeId, Member>, String> {
             .split_once('@')
             .ok_or_else(|| format!("{entry:?}: expected ID=RAFT_ADDR@HTTP_ADDR"))?;
         for addr in [raft_addr, http_addr] {
-            addr.parse::<SocketAddr>()
-                .map_err(|_| format!("{entry:?}: {addr:?} is not host:port"))?;
+            check_host_port(addr).map_err(|why| format!("{entry:?}: {addr:?}: {why}"))?;
         }
         let member = Member {
             raft_addr: raft_addr.to_string(),
@@ -287,6 +308,56 @@ pub fn parse_peers(spec: &str) -> Result<BTreeMap<NodeId, Member>, String> {
         return Err("no peers given".into());
     }
     Ok(peers)
+}
+
+/// A peer address as nodes dial it: `IP:PORT`, or `HOST:PORT` with a DNS
+/// name (letters, digits, `-`, `.`).
+fn check_host_port(addr: &str) -> Result<(), String> {
+    if addr.parse::<SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let (host, port) = addr
+        .rsplit_once(':')
+        .ok_or("expected IP:PORT or HOST:PORT")?;
+    port.parse::<u16>()
+        .map_err(|_| format!("port {port:?} is not a number up to 65535"))?;
+    check_host(host)
+}
+
+/// A DNS name or IP address peers can dial.
+fn check_host(host: &str) -> Result<(), String> {
+    let name_ok = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+    if name_ok || host.parse::<std::net::IpAddr>().is_ok() {
+        Ok(())
+    } else {
+        Err(format!(
+            "host {host:?} is not a DNS name (letters, digits, - and .) or an IP address"
+        ))
+    }
+}
+
+/// The addresses this node is dialled by: `--advertise-host` with the
+/// listeners' ports, or the listen addresses themselves.
+fn advertised(args: &CoordinatorArgs) -> Result<Member, RunError> {
+    let Some(host) = &args.advertise_host else {
+        return Ok(Member {
+            raft_addr: args.raft_addr.to_string(),
+            http_addr: args.http_addr.to_string(),
+        });
+    };
+    check_host(host).map_err(|why| RunError::Config(format!("--advertise-host: {why}")))?;
+    let host = match host.parse::<std::net::Ipv6Addr>() {
+        Ok(_) => format!("[{host}]"),
+        Err(_) => host.clone(),
+    };
+    Ok(Member {
+        raft_addr: format!("{host}:{}", args.raft_addr.port()),
+        http_addr: format!("{host}:{}", args.http_addr.port()),
+    })
 }
 
 fn raft_config(args: &CoordinatorArgs) -> Result<Config, RunError> {
@@ -361,7 +432,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
     let transport = transport(&args, init.as_ref())?;
     let config = Arc::new(raft_config(&args)?);
     let allocator_config = args.allocator_config().map_err(RunError::Config)?;
-    let prometheus = crate::telemetry::metrics();
+    let prometheus = crate::telemetry::metrics_for("coordinator", &[]);
 
     std::fs::create_dir_all(&args.data_dir).map_err(|e| RunError::Storage {
         dir: args.data_dir.clone(),
@@ -380,10 +451,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         .await
         .map_err(|e| RunError::Raft(e.to_string()))?;
 
-    let member = Member {
-        raft_addr: args.raft_addr.to_string(),
-        http_addr: args.http_addr.to_string(),
-    };
+    let member = advertised(&args)?;
     let http = transport
         .http_client(reqwest::Client::builder())
         .map_err(RunError::Config)?
@@ -466,18 +534,26 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
             tracing::warn!(error = %e, "grpc server");
         }
     });
+    let live = live::Live::new(args.history_samples);
     let router = api::router(Api {
         node: Arc::clone(&node),
         allocator: Arc::clone(&allocator),
+        live: Arc::clone(&live),
         prometheus: prometheus.clone(),
         shared_rule_floor: args.shared_rule_floor,
         read_token,
     });
     let http_listener =
         api::CappedListener::new(http_listener, args.admin_max_connections, http_tls);
+    let live_streams = Arc::clone(&live);
     tasks.spawn_with_stop("admin HTTP server", move |stop| async move {
         let service = router.into_make_service_with_connect_info::<api::Peer>();
-        let server = axum::serve(http_listener, service).with_graceful_shutdown(stop.wait());
+        // Event streams never end by themselves: end them first.
+        let stopping = async move {
+            stop.wait().await;
+            live_streams.close();
+        };
+        let server = axum::serve(http_listener, service).with_graceful_shutdown(stopping);
         if let Err(e) = server.await {
             tracing::warn!(error = %e, "http server");
         }
@@ -512,6 +588,14 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         tasks.spawn("cluster join", join);
     }
     tasks.spawn("allocator", Arc::clone(&allocator).run());
+    tasks.spawn(
+        "drills",
+        drills::Drills::new(Arc::clone(&node), Arc::clone(&allocator)).run(),
+    );
+    tasks.spawn(
+        "dashboard history",
+        Arc::clone(&live).run(Arc::clone(&node), Arc::clone(&allocator)),
+    );
     tasks.spawn("cluster id", Arc::clone(&node).set_cluster_id());
     tasks.spawn(
         "raft metrics",
@@ -553,6 +637,9 @@ fn transport(
     ];
     if let Some(url) = &args.join {
         addrs.push(("--join", url.clone()));
+    }
+    if let Some(host) = &args.advertise_host {
+        addrs.push(("--advertise-host", host.clone()));
     }
     for member in init.into_iter().flat_map(|m| m.values()) {
         addrs.push(("--init", member.raft_addr.clone()));
@@ -643,5 +730,37 @@ async fn watch_metrics(raft: Raft, node: Arc<Node>) {
         if rx.changed().await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_may_be_named_by_ip_or_dns_name() {
+        let peers = parse_peers(
+            "1=10.0.0.5:7901@10.0.0.5:7902,\
+             2=meridian-coordinator-1.meridian-coordinator.meridian.svc:7901@meridian-coordinator-1.meridian-coordinator.meridian.svc:7902",
+        )
+        .expect("valid peers");
+        assert_eq!(peers[&1].raft_addr, "10.0.0.5:7901");
+        assert_eq!(
+            peers[&2].http_addr,
+            "meridian-coordinator-1.meridian-coordinator.meridian.svc:7902"
+        );
+    }
+
+    #[test]
+    fn a_peer_address_without_a_port_or_with_a_scheme_is_refused_saying_why() {
+        let no_port = parse_peers("1=node-1@node-1:7902").expect_err("no port");
+        assert!(
+            no_port.contains("expected IP:PORT or HOST:PORT"),
+            "{no_port}"
+        );
+        let scheme = parse_peers("1=https://node-1:7901@node-1:7902").expect_err("scheme");
+        assert!(scheme.contains("is not a DNS name"), "{scheme}");
+        let port = parse_peers("1=node-1:99999@node-1:7902").expect_err("port");
+        assert!(port.contains("port \"99999\""), "{port}");
     }
 }

@@ -15,7 +15,7 @@ use crate::store::key::MAX_KEY_LEN;
 /// Global rules one report may carry demand, window use or top-ups for.
 pub const MAX_REPORT_RULES: usize = 1_000;
 /// Top-up requests in one report (a pod asks at most once a second per key).
-pub const MAX_REPORT_TOP_UPS: usize = 1_000;
+pub use crate::allocation::demand::MAX_REPORT_TOP_UPS;
 /// Hits one pod may report for one key or remainder in one interval: far
 /// above any real pod (10⁶ checks a second for a day), low enough that sums
 /// over a million keys and regions stay exact in the f64 the EWMA uses.
@@ -80,10 +80,11 @@ pub fn accept(report: &pb::DemandReport) -> Result<PodReport, Status> {
         ("used", report.used.len()),
         ("top_ups", report.top_ups.len()),
     ] {
-        let max = if field == "top_ups" {
-            MAX_REPORT_TOP_UPS
-        } else {
-            MAX_REPORT_RULES
+        let max = match field {
+            "top_ups" => MAX_REPORT_TOP_UPS,
+            // The current window of each counted rule and the one just ended.
+            "used" => 2 * MAX_REPORT_RULES,
+            _ => MAX_REPORT_RULES,
         };
         if n > max {
             return Err(refuse(field, format!("{n} entries, at most {max}")));

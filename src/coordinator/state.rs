@@ -13,8 +13,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::drill::{Drills, Event as DrillEvent, StartDrill, Stop};
+use crate::allocation::leader::GlobalRule;
 use crate::allocation::{Allocations, EpochDelta};
 use crate::cluster_id::ClusterId;
+use crate::rules::{RuleErrors, RuleFile, RuleSet};
 
 /// A rule-set version's place in the staged rollout.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,6 +57,19 @@ pub struct RuleSetVersion {
     pub origin: Origin,
     /// The proposing leader's clock, carried in the command.
     pub created_at_unix_ms: i64,
+}
+
+impl RuleSetVersion {
+    /// The version's files, as the parser and validation take them.
+    pub fn rule_files(&self) -> Vec<RuleFile> {
+        self.files
+            .iter()
+            .map(|(name, text)| RuleFile {
+                name: name.clone(),
+                text: text.clone(),
+            })
+            .collect()
+    }
 }
 
 /// A region's state in the registry.
@@ -122,6 +138,31 @@ pub enum Command {
     /// Appended last: bincode tags variants by position, and the earlier
     /// variants must keep theirs (storage format 2 reads format 1's log).
     SetClusterId(ClusterId),
+    /// Starts a failover drill (storage format 3; the drill commands come
+    /// after every earlier variant for the same reason as above).
+    StartDrill(StartDrill),
+    /// Stops drill `id`: by an operator, or by the leader when its duration ran out.
+    StopDrill {
+        id: u64,
+        stop: Stop,
+    },
+    /// What the leader observed of drill `id` since its last observation.
+    DrillObserved {
+        id: u64,
+        events: Vec<DrillEvent>,
+    },
+}
+
+impl Command {
+    /// For a drill command, the drill it touches: `Some(None)` for a start
+    /// (its id comes with the outcome), `None` for any other command.
+    pub fn drill(&self) -> Option<Option<u64>> {
+        match self {
+            Command::StartDrill(_) => Some(None),
+            Command::StopDrill { id, .. } | Command::DrillObserved { id, .. } => Some(Some(*id)),
+            _ => None,
+        }
+    }
 }
 
 /// What applying a command did. A rejected command is still in the log (every
@@ -157,6 +198,9 @@ pub struct Registry {
     /// only from the cluster whose id they hold. `None` in a new cluster
     /// and in data written in storage format 1, until a leader sets it.
     pub cluster_id: Option<ClusterId>,
+    /// Failover drills, active and past (from storage format 3; last, so a
+    /// format-2 payload is this one without it).
+    pub drills: Drills,
 }
 
 fn rejected(reason: impl Into<String>) -> Outcome {
@@ -186,6 +230,39 @@ impl Registry {
             .find(|v| v.stage == Stage::All)
     }
 
+    /// The version limiters enforce everywhere: the newest at stage `All`,
+    /// else the stable one before it.
+    pub fn enforced(&self) -> Option<&RuleSetVersion> {
+        match self.current() {
+            Some(v) if v.stage == Stage::All => Some(v),
+            _ => self.stable(),
+        }
+    }
+
+    /// [`Registry::enforced`], parsed. Versions are validated before they
+    /// are committed, so an error means the parser changed since.
+    pub fn enforced_rule_set(&self) -> Option<Result<RuleSet, RuleErrors>> {
+        Some(RuleSet::parse(&self.enforced()?.rule_files()))
+    }
+
+    /// Regions that serve global rules now: registered, active, and in no
+    /// drill.
+    pub fn serving_regions(&self) -> Vec<String> {
+        self.regions
+            .values()
+            .filter(|r| r.state == RegionState::Active && self.drills.active_on(&r.name).is_none())
+            .map(|r| r.name.clone())
+            .collect()
+    }
+
+    /// The enforced rule set's global rules (none when it does not parse).
+    pub fn global_rules(&self) -> Vec<GlobalRule> {
+        match self.enforced_rule_set() {
+            Some(Ok(set)) => GlobalRule::of_rule_set(&set),
+            _ => Vec::new(),
+        }
+    }
+
     fn next_number(&self) -> u64 {
         self.current().map_or(1, |v| v.number + 1)
     }
@@ -201,6 +278,33 @@ impl Registry {
             }
         }
         Ok(())
+    }
+
+    /// The version a [`Command::Rollback`] with `to` copies: `to` itself, or
+    /// the newest version before current that was enforced everywhere. The
+    /// admin API resolves it before proposing, to validate its files against
+    /// today's rules (parser and floor), and proposes the number it checked.
+    pub fn rollback_target(&self, to: Option<u64>) -> Result<&RuleSetVersion, Outcome> {
+        let Some(current) = self.current() else {
+            return Err(rejected("there is no rule-set version to roll back from"));
+        };
+        match to {
+            Some(n) => self.versions.get(&n).ok_or_else(|| Outcome::NotFound {
+                reason: format!("version {n} does not exist"),
+            }),
+            None => self
+                .versions
+                .range(..current.number)
+                .rev()
+                .map(|(_, v)| v)
+                .find(|v| v.stage == Stage::All)
+                .ok_or_else(|| {
+                    rejected(format!(
+                        "no version before {} was enforced everywhere",
+                        current.number
+                    ))
+                }),
+        }
     }
 
     pub fn apply(&mut self, command: Command) -> Outcome {
@@ -253,33 +357,9 @@ impl Registry {
                 }
             }
             Command::Rollback { to, at_unix_ms } => {
-                let Some(current) = self.current() else {
-                    return rejected("there is no rule-set version to roll back from");
-                };
-                let target = match to {
-                    Some(n) => match self.versions.get(&n) {
-                        Some(v) => v,
-                        None => {
-                            return Outcome::NotFound {
-                                reason: format!("version {n} does not exist"),
-                            };
-                        }
-                    },
-                    None => match self
-                        .versions
-                        .range(..current.number)
-                        .rev()
-                        .map(|(_, v)| v)
-                        .find(|v| v.stage == Stage::All)
-                    {
-                        Some(v) => v,
-                        None => {
-                            return rejected(format!(
-                                "no version before {} was enforced everywhere",
-                                current.number
-                            ));
-                        }
-                    },
+                let target = match self.rollback_target(to) {
+                    Ok(v) => v,
+                    Err(refused) => return refused,
                 };
                 let files = target.files.clone();
                 let of = target.number;
@@ -333,6 +413,38 @@ impl Registry {
                 Some(held) => rejected(format!(
                     "the cluster id is already {held}; it never changes (proposed {id})"
                 )),
+            },
+            Command::StartDrill(start) => {
+                let serving = self.serving_regions();
+                let registered = self.regions.contains_key(&start.region);
+                let rules = self.global_rules();
+                if let Err(reason) =
+                    self.drills
+                        .check_start(&start, registered, &serving, rules.len())
+                {
+                    return rejected(reason);
+                }
+                let periods: Vec<(String, u64, bool)> = rules
+                    .iter()
+                    .map(|r| {
+                        (
+                            r.policy.rule.clone(),
+                            if r.counted { r.period_ms } else { 0 },
+                            r.policy.partition == crate::rules::Partition::Strict,
+                        )
+                    })
+                    .collect();
+                let id = self.drills.start(start, &self.allocations, &periods);
+                Outcome::Applied { version: Some(id) }
+            }
+            Command::StopDrill { id, stop } => match self.drills.stop(id, stop) {
+                Ok(()) => Outcome::Applied { version: Some(id) },
+                Err(super::drill::Refused::NotFound(reason)) => Outcome::NotFound { reason },
+                Err(super::drill::Refused::Rejected(reason)) => rejected(reason),
+            },
+            Command::DrillObserved { id, events } => match self.drills.observed(id, events) {
+                Ok(()) => Outcome::Applied { version: Some(id) },
+                Err(reason) => rejected(reason),
             },
             Command::DeleteRegion { name } => {
                 let in_canary = self.current().is_some_and(

@@ -18,8 +18,13 @@ pub struct ValidationIssue {
 }
 
 /// Validates a rule set given as files; returns every issue found.
+///
 /// `shared_floor_per_minute` (0 = off) is the least a rule whose one counter is
-/// shared by every caller may allow, normalised to a minute.
+/// shared by every caller may allow, normalised to a minute. A token bucket or
+/// leaky bucket must also admit the floor's per-second share at once: its
+/// burst × 60 must reach the floor (a burst of 1 lets a crowd of callers
+/// through one at a time whatever the rate, so it throttles all traffic as a
+/// low limit would).
 pub fn validate(
     files: &[RuleFile],
     shared_floor_per_minute: f64,
@@ -43,17 +48,37 @@ pub fn validate(
         Ok(set) if shared_floor_per_minute > 0.0 => {
             for rule in set.rules().filter(|r| r.counts_all_callers_together()) {
                 let Some(params) = &rule.params else { continue };
+                let floor = shared_floor_per_minute;
+                let below = |what: String| {
+                    format!(
+                        "rule {}: {what}, below the floor of {floor} per minute \
+                         (--shared-rule-floor) for a rule whose one counter every caller shares \
+                         (no key-only or wildcard level)",
+                        rule.id
+                    )
+                };
                 let per_minute = params.limit() as f64 * 60.0 / params.period().as_secs_f64();
-                if per_minute < shared_floor_per_minute {
+                if per_minute < floor {
                     issues.push(ValidationIssue {
                         file: rule.file.clone(),
                         line: rule.line,
                         field: "requests_per_unit".into(),
-                        reason: format!(
-                            "below the floor for a rule whose one counter every caller shares \
-                             (no key-only or wildcard level): allows {per_minute:.2} per minute, \
-                             the floor is {shared_floor_per_minute} (--shared-rule-floor)"
-                        ),
+                        reason: below(format!("allows {per_minute:.2} per minute")),
+                    });
+                }
+                let burst = params.burst();
+                if params.algorithm().has_burst() && (burst as f64) * 60.0 < floor {
+                    issues.push(ValidationIssue {
+                        file: rule.file.clone(),
+                        line: rule.line,
+                        field: "burst".into(),
+                        reason: below(format!(
+                            "a {} with burst {burst} admits {} per minute to callers arriving \
+                             together; raise burst to at least {}",
+                            params.algorithm(),
+                            burst * 60,
+                            (floor / 60.0).ceil()
+                        )),
                     });
                 }
             }
@@ -120,6 +145,35 @@ mod tests {
         assert!(issues[0].reason.contains("floor"));
         assert_eq!(validate(&file(text), 5.0), Ok(()));
         assert_eq!(validate(&file(text), 0.0), Ok(()));
+    }
+
+    #[test]
+    fn a_shared_bucket_needs_a_burst_of_the_floors_per_second_share() {
+        let bucket = |burst: u64| {
+            format!(
+                "domain: api\ndescriptors:\n  - key: path\n    value: /login\n    \
+                 rate_limit: {{unit: minute, requests_per_unit: 6000}}\n    \
+                 algorithm: token_bucket\n    burst: {burst}\n"
+            )
+        };
+        // A floor of 600 per minute is 10 per second.
+        let issues = validate(&file(&bucket(1)), 600.0).unwrap_err();
+        assert_eq!(issues.len(), 1, "{issues:?}");
+        assert_eq!((issues[0].line, issues[0].field.as_str()), (5, "burst"));
+        for words in [
+            "api|path=/login",
+            "burst 1",
+            "at least 10",
+            "600 per minute",
+        ] {
+            assert!(issues[0].reason.contains(words), "{words}: {issues:?}");
+        }
+        assert_eq!(validate(&file(&bucket(10)), 600.0), Ok(()));
+        let gcra = bucket(9).replace("token_bucket", "leaky_bucket");
+        assert_eq!(validate(&file(&gcra), 600.0).unwrap_err()[0].field, "burst");
+        // Windowed algorithms have no burst: the rate alone decides.
+        let window = bucket(1).replace("    algorithm: token_bucket\n    burst: 1\n", "");
+        assert_eq!(validate(&file(&window), 600.0), Ok(()));
     }
 
     #[test]

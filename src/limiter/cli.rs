@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 use super::engine::{Engine, EngineConfig};
 use super::global::Global;
 use super::grpc::{NativeService, RlsService};
+use super::health::Health;
 use super::http::{self, HttpState};
 use super::rule_feed;
 use super::rule_source::RuleSource;
@@ -20,7 +21,6 @@ use super::workers::{Worker, Workers};
 use crate::cluster_id::ClusterId;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::proto::meridian::v1::limiter_server::LimiterServer;
-use crate::rules::RuleSet;
 use crate::store::{AnyStore, MemoryStore, RedisConfig, RedisStore};
 use crate::tasks::Tasks;
 
@@ -81,6 +81,10 @@ pub struct LimiterArgs {
 
     /// Redis for this region: redis://[user:pass@]host:port[/db], or rediss:// for
     /// TLS. Repeat it, or use redis+cluster://h1:p1,h2:p2, for a Redis Cluster.
+    /// Redis Sentinel: redis+sentinel://s1:26379,s2:26379/MASTER-NAME[/db]
+    /// (rediss+sentinel:// for TLS) checks on the master the sentinels name and
+    /// follows it after a failover; the password authenticates to the master
+    /// and to the sentinels.
     #[arg(long = "redis", value_name = "URL")]
     pub redis: Vec<String>,
 
@@ -99,7 +103,8 @@ pub struct LimiterArgs {
     #[arg(long, value_enum, default_value_t = StoreKind::Redis)]
     pub store: StoreKind,
 
-    /// This region's name (reported in logs and metrics).
+    /// This region's name: in logs, in demand reports, and as the `region`
+    /// label on every series of /metrics.
     #[arg(long, default_value = "local")]
     pub region: String,
 
@@ -107,7 +112,8 @@ pub struct LimiterArgs {
     #[arg(long, default_value = "127.0.0.1:8081")]
     pub grpc_addr: SocketAddr,
 
-    /// HTTP listener (POST /v1/check, /metrics, /healthz, /readyz). Port 0 picks a free port.
+    /// HTTP listener (POST /v1/check, envoyproxy/ratelimit's POST /json, /metrics,
+    /// /healthz, /readyz). Port 0 picks a free port.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
 
@@ -119,7 +125,7 @@ pub struct LimiterArgs {
     #[arg(long, default_value_t = 1)]
     pub pods_in_region: u64,
 
-    /// Add RateLimit-Limit/-Remaining/-Reset to Envoy RLS responses.
+    /// Add RateLimit-Limit/-Remaining/-Reset to Envoy RLS responses (gRPC and POST /json).
     #[arg(long)]
     pub response_headers: bool,
 
@@ -152,6 +158,41 @@ pub struct LimiterArgs {
     #[arg(long, default_value_t = 100_000)]
     pub cache_capacity: usize,
 
+    /// Keys the `fail_mode: local` store holds at most (while Redis is
+    /// failing, rules with that fail mode are counted in this process). Once
+    /// full, and nothing in it has expired, a key it does not hold yet is
+    /// denied (reason `store_full`); keys it holds are decided as usual.
+    #[arg(long, default_value_t = 100_000)]
+    pub fail_local_capacity: usize,
+
+    /// Counters the approximate path (accuracy: approximate) keeps in memory
+    /// at most: one per key (and window) checked recently, each holding the
+    /// pod's unflushed hits. Checks of further keys, while the map is full,
+    /// take the exact path (one Redis script per check, nothing lost; counted
+    /// in meridian_approx_untracked_checks_total). Memory: up to this many ×
+    /// (3 copies of the key + about 460 bytes), about 60 MB at the default
+    /// for 40-byte keys, under 1 GB even if every rule and key were 512
+    /// bytes. A counter leaves the map when flushed and idle for its rule's
+    /// period.
+    #[arg(long, default_value_t = 100_000)]
+    pub approximate_max_keys: usize,
+
+    /// Per-value metric series (rules with detailed_metric or
+    /// value_to_metric: meridian_descriptor_checks_total) at most, over all
+    /// rules. Values past it are counted under descriptor="_other" of their
+    /// rule and in meridian_value_metrics_overflow_total, so a flood of
+    /// random values cannot blow up /metrics.
+    #[arg(long, default_value_t = 1_000)]
+    pub max_value_metrics: usize,
+
+    /// envoyproxy/ratelimit's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: when
+    /// one descriptor of an Envoy request is over its limit, the request
+    /// charges none of its descriptors (each is asked first without a
+    /// charge: two store calls for such requests). A rule file's top-level
+    /// `stop_increment_when_over_limit:` overrides it for its domain.
+    #[arg(long)]
+    pub stop_increment_when_over_limit: bool,
+
     /// Serving threads [default: one per core]. Each is a worker with its own
     /// event loop and Redis connection; connections are handed to them round
     /// robin and a check stays on its connection's thread, so no check pays
@@ -174,7 +215,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 /// Serves checks until SIGTERM / Ctrl-C, then drains the workers and stops
 /// the control tasks before returning.
 pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
-    let metrics = crate::telemetry::metrics();
+    let metrics = crate::telemetry::metrics_for("limiter", &[("region", &args.region)]);
     let worker_count = args.threads.map_or_else(
         || std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
         std::num::NonZeroUsize::get,
@@ -206,7 +247,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     let rules = if args.coordinator.is_empty() {
         Arc::new(RuleSource::from_files(args.config.clone())?)
     } else {
-        let source = Arc::new(RuleSource::fixed(RuleSet::default()));
+        let source = Arc::new(RuleSource::awaiting());
         if let Some(mut cached) = rule_feed::load_cache(&args.rules_cache) {
             match (cached.cluster_id, args.cluster_id) {
                 (Some(cached_id), Some(flag)) if cached_id != flag => anyhow::bail!(
@@ -282,7 +323,10 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
         &EngineConfig {
             pods_in_region: args.pods_in_region,
             cache_capacity: args.cache_capacity,
+            local_capacity: args.fail_local_capacity,
             max_in_flight: args.max_redis_in_flight,
+            approximate_max_keys: args.approximate_max_keys,
+            max_value_metrics: args.max_value_metrics,
             ..EngineConfig::default()
         },
     );
@@ -296,6 +340,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
         engine,
         rules: rules.clone(),
         global: global.clone(),
+        stop_increment: args.stop_increment_when_over_limit,
     });
 
     let grpc = TcpListener::bind(args.grpc_addr)
@@ -340,6 +385,11 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
             global.report_until(coordinators, transport, interval, stop)
         });
     }
+    let health = Health::new().await;
+    control.spawn(
+        "gRPC health probe",
+        health.clone().probe(limiter.clone(), rules.clone()),
+    );
     // The acceptors; their stop signal is also the workers' cue to drain.
     let mut serving = Tasks::new();
     let drain = serving.stop_signal();
@@ -347,8 +397,10 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
         let limiter = limiter.clone();
         let drain = drain.clone();
         let response_headers = args.response_headers;
+        let health = health.clone();
         move |worker: Worker| {
             let (limiter, metrics, drain) = (limiter.clone(), metrics.clone(), drain.clone());
+            let health = health.server();
             async move {
                 crate::store::redis::bind_thread(worker.index);
                 if let Err(e) = limiter.engine.open_lane(worker.index).await {
@@ -359,6 +411,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
                     tokio::spawn(open_lane_later(limiter.clone(), worker.index));
                 }
                 let grpc = tonic::transport::Server::builder()
+                    .add_service(health)
                     .add_service(RateLimitServiceServer::new(RlsService {
                         limiter: limiter.clone(),
                         response_headers,
@@ -367,8 +420,15 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
                         limiter: limiter.clone(),
                     }))
                     .serve_with_incoming_shutdown(worker.grpc.into_stream(), drain.clone().wait());
-                let http = axum::serve(worker.http, http::router(HttpState { limiter, metrics }))
-                    .with_graceful_shutdown(drain.wait());
+                let http = axum::serve(
+                    worker.http,
+                    http::router(HttpState {
+                        limiter,
+                        metrics,
+                        response_headers,
+                    }),
+                )
+                .with_graceful_shutdown(drain.wait());
                 let (grpc, http) = tokio::join!(grpc, http);
                 grpc.context("gRPC server")?;
                 http.context("HTTP server")?;
@@ -398,6 +458,9 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
         () = shutdown => {}
     }
     tracing::info!("shutting down: draining in-flight requests");
+    // Before the listeners close: a gateway watching the health status
+    // hears NOT_SERVING on its open stream while requests still drain.
+    health.drain().await;
     // New connections are refused (the listeners close) while the workers
     // finish the requests they have.
     serving.shutdown(ACCEPTORS_DEADLINE).await;

@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 
 use crate::algorithm::{InvalidInput, Params};
 use crate::allocation::Millis;
-use crate::allocation::demand::{KeyDemand, REPORT_TOP_KEYS, bound_report};
+use crate::allocation::demand::{KeyDemand, MAX_REPORT_TOP_UPS, REPORT_TOP_KEYS, bound_report};
 use crate::allocation::leader::{GlobalRule, TopUp};
 use crate::allocation::table::{RegionUpdate, Table};
 use crate::clock::now_unix_ms;
@@ -28,9 +28,15 @@ use crate::rules::{Rule, RuleSet, Scope};
 use crate::tasks::Stop;
 use crate::tls::Expect;
 
-/// Distinct keys per rule counted between two reports; further keys only
-/// add to the rule's remainder, so a flood of random keys cannot grow memory.
+/// Distinct keys counted between two reports, over all global rules;
+/// further keys only add to their rule's remainder, so a flood of random
+/// keys cannot grow memory. Keys are at most `store::key::MAX_KEY_LEN` (512)
+/// bytes, checked before they get here: at most ~60 MB, and ~10 MB for keys
+/// of 40 bytes.
 pub const MAX_TRACKED_KEYS: usize = 100_000;
+/// Keys whose last top-up request is remembered (to ask at most every
+/// `TOP_UP_EVERY`); a key beyond it does not ask until older ones expire.
+const MAX_TOP_UP_KEYS: usize = 10_000;
 /// A key asks for a top-up at most this often.
 const TOP_UP_EVERY: Duration = Duration::from_secs(1);
 
@@ -44,6 +50,21 @@ pub enum GlobalLimit {
     /// The region holds nothing for this key (allocation 0, or none received
     /// yet): deny without a store call.
     Nothing,
+}
+
+/// A decided check of a global rule, as the demand report counts it.
+#[derive(Debug, Clone, Copy)]
+pub struct Counted {
+    /// Hits asked (0 = check only: not demand).
+    pub cost: u64,
+    /// Admitted (a shadow denial counts as denied: it is demand unserved).
+    pub allowed: bool,
+    /// The decision's limit and remaining.
+    pub limit: u64,
+    pub remaining: u64,
+    /// `limit − remaining` is the key's count against the rule's allocation
+    /// (false for an override, whose count is against its own limit).
+    pub window_use: bool,
 }
 
 /// This pod's view of global rules: the region's allocation table (written by
@@ -137,6 +158,8 @@ impl Flight {
 struct Demand {
     /// rule → hits since the last report.
     hits: HashMap<String, RuleHits>,
+    /// Keys in `hits`, over every rule: at most [`MAX_TRACKED_KEYS`].
+    tracked: usize,
     /// When the first hit of this report was counted (the pace's denominator).
     since: Option<Instant>,
     /// Top-up requests waiting for the reporter.
@@ -147,6 +170,15 @@ struct Demand {
     /// Counted rule → (window start, the most any key was admitted in it),
     /// as this pod's checks saw the count.
     seen: HashMap<String, (Millis, u64)>,
+    /// Counted rule → the window before `seen`'s and its final count, so
+    /// the first report after a window ends still carries what it reached
+    /// (a drill's report counts each window from these).
+    ended: HashMap<String, (Millis, u64)>,
+    /// Global windowed rule (fixed or sliding, exact or approximate) →
+    /// (window start, window end, the most any key had used of its limit in
+    /// it): for `meridian_allocation_window_admitted_max` only, never
+    /// reported. One entry per global rule.
+    peak: HashMap<String, (Millis, Millis, u64)>,
 }
 
 /// One rule's hits since the last report.
@@ -199,8 +231,16 @@ impl Global {
         self.coordinated && rule.scope == Scope::Global && rule.params.is_some()
     }
 
-    /// The limit for `key` of `rule` in this region now.
-    pub fn limit(&self, rule: &Rule, key: &str) -> Result<GlobalLimit, InvalidInput> {
+    /// The limit for `key` of `rule` in this region now. `overridden` is an
+    /// Envoy per-descriptor limit: on a global rule it is the key's limit
+    /// world-wide, of which this region holds the share its allocation holds
+    /// of the rule's limit (so the regions' shares still add up to it).
+    pub fn limit(
+        &self,
+        rule: &Rule,
+        key: &str,
+        overridden: Option<&Params>,
+    ) -> Result<GlobalLimit, InvalidInput> {
         if !self.is_global(rule) {
             return Ok(GlobalLimit::Rule);
         }
@@ -211,42 +251,45 @@ impl Global {
         let Some(allocated) = table.limit(&rule.id, key, now_unix_ms()) else {
             return Ok(GlobalLimit::Nothing);
         };
-        if allocated == 0 {
+        let allocated = allocated.min(params.limit());
+        let whole = overridden.unwrap_or(params);
+        if allocated == params.limit() {
+            return Ok(GlobalLimit::Allocated(whole.clone()));
+        }
+        let share = |n: u64| (n as u128 * allocated as u128 / params.limit().max(1) as u128) as u64;
+        let limit = share(whole.limit());
+        if limit == 0 {
             return Ok(GlobalLimit::Nothing);
         }
-        let allocated = allocated.min(params.limit());
-        if allocated == params.limit() {
-            return Ok(GlobalLimit::Allocated(params.clone()));
-        }
         // Buckets: the burst is divided in the same proportion as the rate.
-        let burst = params.algorithm().has_burst().then(|| {
-            let b =
-                (params.burst() as u128 * allocated as u128 / params.limit().max(1) as u128) as i64;
-            b.max(1)
-        });
+        let burst = whole
+            .algorithm()
+            .has_burst()
+            .then(|| share(whole.burst()).max(1) as i64);
         Ok(GlobalLimit::Allocated(Params::new(
-            params.algorithm(),
-            allocated as i64,
-            params.period(),
+            whole.algorithm(),
+            limit as i64,
+            whole.period(),
             burst,
         )?))
     }
 
     /// Counts a decided check of a global rule; asks for a top-up when the
     /// key used 90 % of its allocation before the window is over.
-    pub fn record(
-        &self,
-        rule: &Rule,
-        key: &str,
-        cost: u64,
-        allowed: bool,
-        limit: u64,
-        remaining: u64,
-    ) {
+    pub fn record(&self, rule: &Rule, key: &str, counted: Counted) {
+        let Counted {
+            cost,
+            allowed,
+            limit,
+            remaining,
+            window_use,
+        } = counted;
         if !self.is_global(rule) || cost == 0 {
             return;
         }
-        let mut demand = self.demand();
+        let mut guard = self.demand();
+        // One borrow of the whole, so its fields can be borrowed apart.
+        let demand = &mut *guard;
         if demand.since.is_none() {
             demand.since = Some(Instant::now());
         }
@@ -257,8 +300,9 @@ impl Global {
         let Some(rule_hits) = demand.hits.get_mut(rule.id.as_str()) else {
             return;
         };
-        if rule_hits.keys.len() < MAX_TRACKED_KEYS && !rule_hits.keys.contains_key(key) {
+        if demand.tracked < MAX_TRACKED_KEYS && !rule_hits.keys.contains_key(key) {
             rule_hits.keys.insert(key.to_string(), (0, 0));
+            demand.tracked += 1;
         }
         let hits = match rule_hits.keys.get_mut(key) {
             Some(h) => h,
@@ -270,15 +314,38 @@ impl Global {
         }
         let asked = *hits;
         let used = limit.saturating_sub(remaining);
-        if allowed && let Some(period) = Self::counted_window_ms(rule) {
+        if allowed
+            && window_use
+            && let Some(period) = Self::counted_window_ms(rule)
+        {
             let p = period as Millis;
             let start = now_unix_ms().div_euclid(p) * p;
             match demand.seen.get_mut(rule.id.as_str()) {
                 Some(seen) if seen.0 == start => seen.1 = seen.1.max(used),
-                Some(seen) if seen.0 < start => *seen = (start, used),
+                Some(seen) if seen.0 < start => {
+                    let ended = std::mem::replace(seen, (start, used));
+                    demand.ended.insert(rule.id.clone(), ended);
+                }
                 Some(_) => {}
                 None => {
                     demand.seen.insert(rule.id.clone(), (start, used));
+                }
+            }
+        }
+        if allowed
+            && window_use
+            && let Some(params) = rule.params.as_ref().filter(|p| !p.algorithm().has_burst())
+        {
+            let p = (params.period().as_millis() as Millis).max(1);
+            let start = now_unix_ms().div_euclid(p) * p;
+            match demand.peak.get_mut(rule.id.as_str()) {
+                Some(peak) if peak.0 == start => peak.2 = peak.2.max(used),
+                Some(peak) if peak.0 < start => *peak = (start, start + p, used),
+                Some(_) => {}
+                None => {
+                    demand
+                        .peak
+                        .insert(rule.id.clone(), (start, start + p, used));
                 }
             }
         }
@@ -291,7 +358,12 @@ impl Global {
             .get(&id)
             .is_none_or(|t| t.elapsed() >= TOP_UP_EVERY);
         let Some(params) = &rule.params else { return };
-        if !due {
+        // A report carries at most MAX_REPORT_TOP_UPS (the coordinator refuses
+        // more), and the keys asking within a second are bounded the same way.
+        if !due
+            || demand.top_ups.len() >= MAX_REPORT_TOP_UPS
+            || demand.last_top_up.len() >= MAX_TOP_UP_KEYS && !demand.last_top_up.contains_key(&id)
+        {
             return;
         }
         // The key's pace here since the last report, per period.
@@ -315,10 +387,10 @@ impl Global {
             per_period: top_up.per_period,
             interval_ms: top_up.interval_ms,
         });
-        if demand.last_top_up.len() > 10_000 {
+        if demand.last_top_up.len() >= MAX_TOP_UP_KEYS / 2 {
             demand.last_top_up.retain(|_, t| t.elapsed() < TOP_UP_EVERY);
         }
-        drop(demand);
+        drop(guard);
         counter!("meridian_allocation_top_ups_total", "rule" => rule.id.clone()).increment(1);
         self.wake.notify_one();
     }
@@ -368,6 +440,39 @@ impl Global {
         }
     }
 
+    /// Publishes each global rule's allocation here (called when /metrics is
+    /// scraped): `meridian_allocation_limit` is the rule-level value keys
+    /// without an entry of their own get, `meridian_allocation_global_limit`
+    /// the world-wide limit it is a share of, and
+    /// `meridian_allocation_key_entries` the keys with their own value. One
+    /// series each per global rule (the operator's rules, never a client's keys).
+    pub fn report_gauges(&self) {
+        let now = now_unix_ms();
+        let table = self.table.read().unwrap_or_else(|p| p.into_inner());
+        for rule in table.rules() {
+            if let Some(split) = table.split_limit(rule, now) {
+                gauge!("meridian_allocation_limit", "rule" => rule.to_owned()).set(split as f64);
+            }
+            if let Some(limit) = table.global_limit(rule) {
+                gauge!("meridian_allocation_global_limit", "rule" => rule.to_owned())
+                    .set(limit as f64);
+            }
+            gauge!("meridian_allocation_key_entries", "rule" => rule.to_owned())
+                .set(table.key_entries(rule) as f64);
+        }
+        drop(table);
+        // Summed over a region's pods and the regions: an upper bound of the
+        // busiest key's world-wide count in this window (exact when one key
+        // is the busiest everywhere), for the alert on admitted > L.
+        let demand = self.demand();
+        for (rule, (_, end, used)) in &demand.peak {
+            // A window that has ended counts 0: its peak is no longer "now".
+            let used = if now < *end { *used } else { 0 };
+            gauge!("meridian_allocation_window_admitted_max", "rule" => rule.clone())
+                .set(used as f64);
+        }
+    }
+
     /// The report to send now: demand since the last one (bounded per rule),
     /// pending top-ups, and the epoch held.
     #[cfg(test)]
@@ -412,6 +517,7 @@ impl Global {
             .replace(Instant::now())
             .map_or(0, |t| t.elapsed().as_millis() as u64);
         let hits = std::mem::take(&mut demand.hits);
+        demand.tracked = 0;
         drop(demand);
         for (rule, rule_hits) in hits {
             let keys = rule_hits
@@ -456,26 +562,47 @@ impl Global {
         let now = now_unix_ms();
         let table = self.table.read().unwrap_or_else(|p| p.into_inner());
         let counted = self.counted.read().unwrap_or_else(|p| p.into_inner());
-        let mut used: Vec<pb::WindowUse> = counted
-            .iter()
-            .filter_map(|(rule, period)| {
-                let p = *period as Millis;
-                let start = now.div_euclid(p) * p;
-                let count = match demand.seen.get(rule) {
-                    Some((s, c)) if *s == start => *c,
-                    _ => 0,
-                };
-                Some(pb::WindowUse {
+        let mut used: Vec<pb::WindowUse> = Vec::with_capacity(2 * counted.len());
+        for (rule, period) in counted.iter() {
+            let p = *period as Millis;
+            let start = now.div_euclid(p) * p;
+            let Some(cap) = table.window_cap(rule, now) else {
+                continue;
+            };
+            let cap = cap.max(caps_before.get(rule).copied().unwrap_or(0));
+            // The window that just ended, with its final count (older
+            // than the current one, so the centre's in-window view keeps
+            // the current one).
+            let last = match demand.seen.get(rule) {
+                Some((s, c)) if *s == start - p => Some(*c),
+                _ => match demand.ended.get(rule) {
+                    Some((s, c)) if *s == start - p => Some(*c),
+                    _ => None,
+                },
+            };
+            if let Some(count) = last {
+                used.push(pb::WindowUse {
                     rule: rule.clone(),
-                    window_start_unix_ms: start,
+                    window_start_unix_ms: start - p,
                     count,
-                    cap: table
-                        .window_cap(rule, now)?
-                        .max(caps_before.get(rule).copied().unwrap_or(0)),
-                })
-            })
-            .collect();
-        used.sort_by(|a, b| a.rule.cmp(&b.rule));
+                    cap,
+                });
+            }
+            let count = match demand.seen.get(rule) {
+                Some((s, c)) if *s == start => *c,
+                _ => 0,
+            };
+            used.push(pb::WindowUse {
+                rule: rule.clone(),
+                window_start_unix_ms: start,
+                count,
+                cap,
+            });
+        }
+        used.sort_by(|a, b| {
+            (a.rule.as_str(), a.window_start_unix_ms)
+                .cmp(&(b.rule.as_str(), b.window_start_unix_ms))
+        });
         used
     }
 
@@ -606,11 +733,19 @@ mod tests {
         global_rules().rules().next().expect("one rule").clone()
     }
 
-    #[tokio::test]
-    async fn reports_carry_the_window_use_after_checks_in_flight_finish() {
-        let global = Global::new("r", "pod", true);
-        let rules = global_rules();
-        let rule = global_rule();
+    /// One hit of a check decided at `limit` with `remaining` left.
+    fn hit(allowed: bool, limit: u64, remaining: u64) -> Counted {
+        Counted {
+            cost: 1,
+            allowed,
+            limit,
+            remaining,
+            window_use: true,
+        }
+    }
+
+    /// An epoch giving this region `split` of the rule's 10.
+    fn allocate(global: &Global, rules: &RuleSet, rule: &Rule, split: u64) {
         let update = pb::AllocationUpdate {
             epoch: 1,
             valid_until_unix_ms: now_unix_ms() + 60_000,
@@ -619,18 +754,79 @@ mod tests {
                 rule: rule.id.clone(),
                 limit: 10,
                 fallback: 2,
-                split: Some(6),
+                split: Some(split),
                 ..Default::default()
             }],
             ..Default::default()
         };
-        global.apply(&update, &rules);
+        global.apply(&update, rules);
+    }
+
+    #[test]
+    fn an_override_on_a_global_rule_is_divided_like_the_rule() {
+        let global = Global::new("r", "pod", true);
+        let (rules, rule) = (global_rules(), global_rule());
+        allocate(&global, &rules, &rule, 6);
+        let limit_of = |overridden: Option<&Params>| match global.limit(&rule, "k", overridden) {
+            Ok(GlobalLimit::Allocated(p)) => p.limit(),
+            other => panic!("expected an allocation, got {other:?}"),
+        };
+        assert_eq!(limit_of(None), 6, "6 of the rule's 10");
+        // An override of 1,000 a minute is the key's world-wide limit: this
+        // region holds 6/10 of it, not all of it.
+        let wide = Params::new(
+            crate::algorithm::Algorithm::FixedWindow,
+            1_000,
+            Duration::from_secs(60),
+            None,
+        )
+        .expect("valid params");
+        assert_eq!(limit_of(Some(&wide)), 600);
+        // A share that rounds to nothing admits nothing (and asks for more).
+        let tiny = Params::new(
+            crate::algorithm::Algorithm::FixedWindow,
+            1,
+            Duration::from_secs(60),
+            None,
+        )
+        .expect("valid params");
+        assert!(matches!(
+            global.limit(&rule, "k", Some(&tiny)),
+            Ok(GlobalLimit::Nothing)
+        ));
+        // Uncoordinated, the override is the whole limit, as before.
+        assert!(matches!(
+            Global::uncoordinated().limit(&rule, "k", Some(&wide)),
+            Ok(GlobalLimit::Rule)
+        ));
+    }
+
+    #[test]
+    fn top_ups_stay_within_what_one_report_may_carry() {
+        let global = Global::new("r", "pod", true);
+        let rule = global_rule();
+        global.demand().since = Some(Instant::now() - Duration::from_secs(1));
+        // Every key at its allocation asks for a top-up: a flood of them.
+        for i in 0..(MAX_REPORT_TOP_UPS + 2_000) {
+            global.record(&rule, &format!("k{i}"), hit(true, 10, 0));
+        }
+        let demand = global.demand();
+        assert_eq!(demand.top_ups.len(), MAX_REPORT_TOP_UPS);
+        assert!(demand.last_top_up.len() <= MAX_TOP_UP_KEYS);
+    }
+
+    #[tokio::test]
+    async fn reports_carry_the_window_use_after_checks_in_flight_finish() {
+        let global = Global::new("r", "pod", true);
+        let rules = global_rules();
+        let rule = global_rule();
+        allocate(&global, &rules, &rule, 6);
 
         // A check under way: a drain waits for it, up to its limit.
         let check = global.flight(&rule).expect("a global rule is tracked");
         assert!(!global.flight.drain(Duration::from_millis(30)).await);
         // Its decision: 4 of the 6 admitted so far this window.
-        global.record(&rule, "k", 1, true, 6, 2);
+        global.record(&rule, "k", hit(true, 6, 2));
         drop(check);
         assert!(global.flight.drain(Duration::from_millis(30)).await);
 
@@ -654,9 +850,10 @@ mod tests {
         let rule = global_rule();
         let n = MAX_TRACKED_KEYS + 500;
         for i in 0..n {
-            global.record(&rule, &format!("k{i}"), 1, i % 2 == 0, 10, 9);
+            global.record(&rule, &format!("k{i}"), hit(i % 2 == 0, 10, 9));
         }
         assert_eq!(global.demand().hits[&rule.id].keys.len(), MAX_TRACKED_KEYS);
+        assert_eq!(global.demand().tracked, MAX_TRACKED_KEYS);
         let report = global.take_report(true);
         let rd = &report.rules[0];
         assert_eq!(rd.keys.len(), REPORT_TOP_KEYS);
@@ -673,15 +870,18 @@ mod tests {
     fn a_rule_that_is_not_global_or_not_coordinated_is_not_counted() {
         let rule = global_rule();
         let uncoordinated = Global::uncoordinated();
-        uncoordinated.record(&rule, "k", 1, true, 10, 9);
+        uncoordinated.record(&rule, "k", hit(true, 10, 9));
         assert!(uncoordinated.take_report(true).rules.is_empty());
         assert!(matches!(
-            uncoordinated.limit(&rule, "k"),
+            uncoordinated.limit(&rule, "k", None),
             Ok(GlobalLimit::Rule)
         ));
         let coordinated = Global::new("r", "pod", true);
         assert!(
-            matches!(coordinated.limit(&rule, "k"), Ok(GlobalLimit::Nothing)),
+            matches!(
+                coordinated.limit(&rule, "k", None),
+                Ok(GlobalLimit::Nothing)
+            ),
             "no allocation received yet: nothing is admitted"
         );
     }

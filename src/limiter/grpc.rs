@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::service::{Descriptor, NativeCheck, Outcome, Service};
+use super::service::{Descriptor, DescriptorResult, NativeCheck, Outcome, Service};
 use crate::algorithm::InvalidInput;
 use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::envoy::service::ratelimit::v3 as rls;
@@ -27,45 +27,103 @@ impl rls::rate_limit_service_server::RateLimitService for RlsService {
         &self,
         request: Request<rls::RateLimitRequest>,
     ) -> Result<Response<rls::RateLimitResponse>, Status> {
-        let req = request.into_inner();
-        // The request is ours: its strings move into the descriptors, not copied.
-        let descriptors = req
-            .descriptors
-            .into_iter()
-            .map(|d| Descriptor {
-                entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
-                limit: d.limit.and_then(|l| {
-                    let unit = RateLimitUnit::try_from(l.unit)
-                        .ok()
-                        .and_then(unit_from_envoy)?;
-                    Some((l.requests_per_unit, unit))
-                }),
-                hits: d.hits_addend,
-            })
-            .collect::<Vec<_>>();
-        let outcomes = self
-            .limiter
-            .rate_limit(&req.domain, &descriptors, req.hits_addend)
-            .await
-            .map_err(invalid_argument)?;
-
-        let statuses: Vec<DescriptorStatus> = outcomes.iter().map(status).collect();
-        let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
-        let response_headers_to_add = if self.response_headers {
-            headers(&outcomes)
-        } else {
-            Vec::new()
+        if !crate::traces::enabled() {
+            return self.decide(request.into_inner()).await;
+        }
+        // A span per check only while traces are exported; it continues the
+        // gateway's trace (W3C `traceparent` in the call's metadata).
+        let span = tracing::info_span!(
+            target: crate::traces::TARGET,
+            "ratelimit.ShouldRateLimit",
+            domain = %request.get_ref().domain,
+            descriptors = request.get_ref().descriptors.len(),
+            overall_code = tracing::field::Empty,
+        );
+        crate::traces::continue_trace(&span, request.metadata());
+        let answer =
+            tracing::Instrument::instrument(self.decide(request.into_inner()), span.clone()).await;
+        let code = match &answer {
+            Ok(r) if r.get_ref().overall_code == Code::OverLimit as i32 => "OVER_LIMIT",
+            Ok(_) => "OK",
+            Err(_) => "ERROR",
         };
-        Ok(Response::new(rls::RateLimitResponse {
-            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
-            statuses,
-            response_headers_to_add,
-            ..Default::default()
-        }))
+        span.record("overall_code", code);
+        answer
     }
 }
 
-fn status(outcome: &Option<Outcome>) -> DescriptorStatus {
+impl RlsService {
+    async fn decide(
+        &self,
+        req: rls::RateLimitRequest,
+    ) -> Result<Response<rls::RateLimitResponse>, Status> {
+        respond(&self.limiter, self.response_headers, req)
+            .await
+            .map(Response::new)
+            .map_err(invalid_argument)
+    }
+}
+
+/// Decides an Envoy `RateLimitRequest`: the gRPC service and the HTTP
+/// `POST /json` endpoint both answer with this. `response_headers` adds
+/// RateLimit-Limit/-Remaining/-Reset to `response_headers_to_add`.
+pub async fn respond(
+    limiter: &Service,
+    response_headers: bool,
+    req: rls::RateLimitRequest,
+) -> Result<rls::RateLimitResponse, InvalidInput> {
+    // The request is ours: its strings move into the descriptors, not copied.
+    let descriptors = req
+        .descriptors
+        .into_iter()
+        .map(|d| Descriptor {
+            entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+            limit: d.limit.and_then(|l| {
+                let unit = RateLimitUnit::try_from(l.unit)
+                    .ok()
+                    .and_then(unit_from_envoy)?;
+                Some((l.requests_per_unit, unit))
+            }),
+            hits: d.hits_addend,
+        })
+        .collect::<Vec<_>>();
+    let outcomes = limiter
+        .rate_limit(&req.domain, &descriptors, req.hits_addend)
+        .await?;
+
+    // An override's limit is reported in its own unit, not the rule's.
+    let statuses: Vec<DescriptorStatus> = outcomes
+        .iter()
+        .zip(&descriptors)
+        .map(|(o, d)| status(o, d.limit.map(|(_, unit)| unit)))
+        .collect();
+    let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
+    let response_headers_to_add = if response_headers {
+        headers(&outcomes)
+    } else {
+        Vec::new()
+    };
+    Ok(rls::RateLimitResponse {
+        overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+        statuses,
+        response_headers_to_add,
+        ..Default::default()
+    })
+}
+
+/// A refused descriptor (malformed, or a key over the length limit) is
+/// OVER_LIMIT: a key that cannot be counted cannot be let through as if it
+/// had been, and the request's other descriptors are decided as usual.
+fn status(outcome: &DescriptorResult, overridden: Option<Unit>) -> DescriptorStatus {
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(_) => {
+            return DescriptorStatus {
+                code: Code::OverLimit as i32,
+                ..Default::default()
+            };
+        }
+    };
     let Some(Outcome { rule, verdict }) = outcome else {
         return DescriptorStatus {
             code: Code::Ok as i32,
@@ -84,7 +142,7 @@ fn status(outcome: &Option<Outcome>) -> DescriptorStatus {
         current_limit: Some(RateLimit {
             name: rule.name.clone().unwrap_or_default(),
             requests_per_unit: u32::try_from(d.limit).unwrap_or(u32::MAX),
-            unit: unit_to_envoy(rule.unit) as i32,
+            unit: unit_to_envoy(overridden.unwrap_or(rule.unit_of(verdict.limit_index))) as i32,
         }),
         limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
         duration_until_reset: Some(prost_types::Duration {
@@ -97,9 +155,10 @@ fn status(outcome: &Option<Outcome>) -> DescriptorStatus {
 
 /// RateLimit-* headers (IETF draft, as envoyproxy/ratelimit sends them) for the
 /// most restrictive limited descriptor.
-fn headers(outcomes: &[Option<Outcome>]) -> Vec<HeaderValue> {
+fn headers(outcomes: &[DescriptorResult]) -> Vec<HeaderValue> {
     let tightest = outcomes
         .iter()
+        .flatten()
         .flatten()
         .filter(|o| !o.rule.unlimited)
         .min_by_key(|o| (o.verdict.decision.allowed, o.verdict.decision.remaining));
@@ -126,6 +185,7 @@ fn unit_from_envoy(unit: RateLimitUnit) -> Option<Unit> {
         RateLimitUnit::Minute => Unit::Minute,
         RateLimitUnit::Hour => Unit::Hour,
         RateLimitUnit::Day => Unit::Day,
+        RateLimitUnit::Week => Unit::Week,
         RateLimitUnit::Month => Unit::Month,
         RateLimitUnit::Year => Unit::Year,
     })

@@ -1,5 +1,6 @@
-//! HTTP transport: `POST /v1/check` (JSON), plus `/metrics`, `/healthz` and
-//! `/readyz` for operators.
+//! HTTP transport: `POST /v1/check` (JSON), envoyproxy/ratelimit's
+//! `POST /json` (an Envoy `RateLimitRequest` in proto3 JSON), plus
+//! `/metrics`, `/healthz` and `/readyz` for operators.
 
 use std::sync::Arc;
 
@@ -13,8 +14,10 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::grpc::native_decision;
+use super::grpc::{native_decision, respond};
+use super::rls_json;
 use super::service::{NativeCheck, Service};
+use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use crate::proto::meridian::v1 as native;
 
 /// Request bodies larger than this are refused with 413.
@@ -27,11 +30,15 @@ pub struct HttpState {
     pub limiter: Arc<Service>,
     /// Renders `/metrics` (the Prometheus recorder installed at start-up).
     pub metrics: PrometheusHandle,
+    /// `--response-headers`: `POST /json` answers carry RateLimit-* entries
+    /// in `responseHeadersToAdd`, as the gRPC service's do.
+    pub response_headers: bool,
 }
 
 pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/v1/check", post(check))
+        .route("/json", post(envoy_json))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
@@ -104,6 +111,34 @@ impl From<native::Decision> for JsonDecision {
     }
 }
 
+/// A body's checks, and whether it was a batch: one check object, or
+/// `{"checks": [...]}`. The error
+/// names the field or the line and column at fault. serde_json bounds
+/// nesting (128 levels) before it could exhaust the stack.
+fn parse_checks(body: &[u8]) -> Result<(Vec<JsonCheck>, bool), String> {
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("invalid JSON: {e}"))?;
+    let batch = value.get("checks").is_some();
+    let parsed = if batch {
+        serde_json::from_value::<JsonBatch>(value).map(|b| b.checks)
+    } else {
+        serde_json::from_value::<JsonCheck>(value).map(|c| vec![c])
+    };
+    parsed.map(|checks| (checks, batch)).map_err(|_| {
+        // A value's type error (`expected u64`) does not say where it is;
+        // the bytes, read again on this error path only, do.
+        let positioned = if batch {
+            serde_json::from_slice::<JsonBatch>(body).err()
+        } else {
+            serde_json::from_slice::<JsonCheck>(body).err()
+        };
+        match positioned {
+            Some(e) => format!("invalid check: {e}"),
+            None => "invalid check".to_owned(),
+        }
+    })
+}
+
 fn bad_request(message: impl std::fmt::Display) -> Response {
     (
         StatusCode::BAD_REQUEST,
@@ -115,20 +150,11 @@ fn bad_request(message: impl std::fmt::Display) -> Response {
 /// One check object, or `{"checks": [...]}` for a batch. 200 when every check
 /// is allowed, 429 when any is denied, 400 for malformed input.
 async fn check(State(state): State<HttpState>, body: Bytes) -> Response {
-    let value: serde_json::Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => return bad_request(format!("invalid JSON: {e}")),
+    let (checks, batch) = match parse_checks(&body) {
+        Ok(parsed) => parsed,
+        Err(e) => return bad_request(e),
     };
-    let batch = value.get("checks").is_some();
-    let parsed = if batch {
-        serde_json::from_value::<JsonBatch>(value).map(|b| b.checks)
-    } else {
-        serde_json::from_value::<JsonCheck>(value).map(|c| vec![c])
-    };
-    let checks: Vec<NativeCheck> = match parsed {
-        Ok(checks) => checks.into_iter().map(native_check).collect(),
-        Err(e) => return bad_request(format!("invalid check: {e}")),
-    };
+    let checks: Vec<NativeCheck> = checks.into_iter().map(native_check).collect();
     let results = match state.limiter.check_batch(&checks).await {
         Ok(r) => r,
         Err(e) => return bad_request(e),
@@ -157,6 +183,28 @@ async fn check(State(state): State<HttpState>, body: Bytes) -> Response {
         json!(decision)
     };
     (status, headers, axum::Json(body)).into_response()
+}
+
+/// envoyproxy/ratelimit's `POST /json`: 200 with the response when every
+/// descriptor is OK, 429 with it when any is OVER_LIMIT, 400 naming the
+/// field for a body that is not a `RateLimitRequest` (or a request the
+/// gRPC service refuses as INVALID_ARGUMENT). Bodies are bounded by
+/// [`MAX_BODY`], descriptors by the service's own limits.
+async fn envoy_json(State(state): State<HttpState>, body: Bytes) -> Response {
+    let request = match rls_json::parse_request(&body) {
+        Ok(request) => request,
+        Err(e) => return bad_request(e),
+    };
+    let response = match respond(&state.limiter, state.response_headers, request).await {
+        Ok(response) => response,
+        Err(e) => return bad_request(e),
+    };
+    let status = if response.overall_code == Code::OverLimit as i32 {
+        StatusCode::TOO_MANY_REQUESTS
+    } else {
+        StatusCode::OK
+    };
+    (status, axum::Json(rls_json::response_json(&response))).into_response()
 }
 
 fn native_check(c: JsonCheck) -> NativeCheck {
@@ -194,7 +242,7 @@ fn rate_limit_headers(decisions: &[native::Decision]) -> HeaderMap {
 }
 
 async fn metrics(State(state): State<HttpState>) -> String {
-    state.limiter.engine.report_gauges();
+    state.limiter.report_gauges();
     state.metrics.render()
 }
 
@@ -207,5 +255,85 @@ async fn ready(State(state): State<HttpState>) -> Response {
             format!("store unreachable: {e}\n"),
         )
             .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Every refusal says where: a field by name or a line and column.
+    fn says_where(e: &str) -> bool {
+        e.contains(" line ") && e.contains(" column ") || e.contains('`')
+    }
+
+    fn valid_body() -> impl Strategy<Value = String> {
+        let check = (
+            "[a-z]{0,8}",
+            "[a-z|=%]{0,8}",
+            "[a-z]{0,8}",
+            0u64..1000,
+            any::<bool>(),
+        )
+            .prop_map(|(domain, key, value, cost, check_only)| {
+                json!({
+                    "domain": domain,
+                    "descriptor": [{"key": key, "value": value}],
+                    "cost": cost,
+                    "check_only": check_only,
+                })
+            });
+        (prop::collection::vec(check, 1..4), any::<bool>()).prop_map(|(checks, batch)| {
+            if batch {
+                json!({ "checks": checks }).to_string()
+            } else {
+                checks[0].to_string()
+            }
+        })
+    }
+
+    #[test]
+    fn type_errors_name_their_position_and_unknown_fields_their_name() {
+        let e = parse_checks(br#"{"domain": "api", "cost": "ten"}"#).unwrap_err();
+        assert!(e.contains("line 1 column"), "{e}");
+        let e = parse_checks(br#"{"checks": [{"domain": "api", "kost": 1}]}"#).unwrap_err();
+        assert!(e.contains("`kost`"), "{e}");
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let e = parse_checks(deep.as_bytes()).unwrap_err();
+        assert!(e.contains("recursion limit"), "{e}");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn random_bodies_never_panic_and_errors_say_where(body in prop::collection::vec(any::<u8>(), 0..256)) {
+            if let Err(e) = parse_checks(&body) {
+                prop_assert!(says_where(&e), "{e}");
+            }
+        }
+
+        #[test]
+        fn mutated_valid_bodies_never_panic_and_errors_say_where(
+            body in valid_body(),
+            edits in prop::collection::vec((any::<prop::sample::Index>(), prop::sample::select(
+                &["", "{", "}", "[", "]", "\"", ",", ":", "1", "-1", "null", "true", "\\u0000", "\"x\":1,"][..]
+            ), any::<bool>()), 0..4),
+        ) {
+            prop_assert!(parse_checks(body.as_bytes()).is_ok(), "valid: {body}");
+            let mut text = body.into_bytes();
+            for (at, insert, delete) in edits {
+                let at = at.index(text.len() + 1);
+                if delete && at < text.len() {
+                    text.remove(at);
+                }
+                text.splice(at..at, insert.bytes());
+            }
+            if let Err(e) = parse_checks(&text) {
+                prop_assert!(says_where(&e), "{e}: {}", String::from_utf8_lossy(&text));
+            }
+        }
     }
 }

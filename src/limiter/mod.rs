@@ -7,19 +7,26 @@ mod cache;
 #[cfg(feature = "server")]
 pub mod cli;
 pub mod engine;
+#[cfg(feature = "redis")]
+mod flush_plan;
 #[cfg(feature = "server")]
 pub mod global;
 #[cfg(feature = "server")]
 pub mod grpc;
 #[cfg(feature = "server")]
+pub mod health;
+#[cfg(feature = "server")]
 pub mod http;
 
 pub use engine::{Engine, EngineConfig, Source, Verdict};
+#[cfg(feature = "server")]
+pub mod rls_json;
 #[cfg(feature = "server")]
 pub mod rule_feed;
 pub mod rule_source;
 pub mod service;
 pub mod split;
+pub mod value_metrics;
 #[cfg(feature = "server")]
 pub mod workers;
 

@@ -3,6 +3,7 @@
 //! rejected (its errors logged) and the last good rules stay in force.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -22,6 +23,9 @@ pub struct RuleSource {
     /// The rule files polled for changes; empty when the rules come from the
     /// coordinator (or are fixed, as in the library).
     paths: Vec<PathBuf>,
+    /// Whether any rules were loaded yet: false only for a limiter waiting
+    /// for its coordinator's first rules (gRPC health reports NOT_SERVING).
+    loaded: AtomicBool,
 }
 
 /// Why rule files could not be loaded.
@@ -63,6 +67,7 @@ impl RuleSource {
             current: RwLock::new(Arc::new(rules)),
             shadow: RwLock::new(None),
             paths,
+            loaded: AtomicBool::new(true),
         })
     }
 
@@ -72,7 +77,21 @@ impl RuleSource {
             current: RwLock::new(Arc::new(rules)),
             shadow: RwLock::new(None),
             paths: Vec::new(),
+            loaded: AtomicBool::new(true),
         }
+    }
+
+    /// No rules yet: a limiter following a coordinator before the first
+    /// version (or its cache) arrives. Checks match nothing meanwhile.
+    pub fn awaiting() -> RuleSource {
+        let source = RuleSource::fixed(RuleSet::default());
+        source.loaded.store(false, Ordering::Release);
+        source
+    }
+
+    /// Whether rules were loaded (from files, a cache or the coordinator).
+    pub fn loaded(&self) -> bool {
+        self.loaded.load(Ordering::Acquire)
     }
 
     pub fn shadow(&self) -> Option<Arc<RuleSet>> {
@@ -97,6 +116,7 @@ impl RuleSource {
 
     pub fn replace(&self, rules: RuleSet) {
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(rules);
+        self.loaded.store(true, Ordering::Release);
     }
 
     /// Polls the files every `interval` and reloads on change, calling

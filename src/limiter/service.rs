@@ -5,13 +5,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
+use metrics::{counter, gauge};
 
-use super::engine::{Check, Engine, Verdict};
+use super::engine::{Check, Engine, Source, Verdict};
 #[cfg(feature = "server")]
-use super::global::{Global, GlobalLimit};
+use super::global::{Counted, Global, GlobalLimit};
 use super::rule_source::RuleSource;
-use crate::algorithm::{InvalidInput, Params};
+use crate::algorithm::{DenyReason, InvalidInput, Params};
 use crate::rules::{Rule, RuleSet, Unit};
+use crate::store::key;
 
 /// Requests larger than this are refused whole (a runaway client, not traffic).
 pub const MAX_DESCRIPTORS: usize = 1_000;
@@ -34,10 +36,19 @@ pub struct Service {
     /// or not, runs at its own limit, as an uncoordinated server's does.
     #[cfg(feature = "server")]
     pub global: Arc<Global>,
+    /// envoyproxy/ratelimit's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT for
+    /// domains whose file does not say (`stop_increment_when_over_limit:`):
+    /// a request one descriptor denies charges none of the others. Off by
+    /// default, as there.
+    pub stop_increment: bool,
 }
 
 /// A request-level input error: which field, which value, why.
 pub type RequestError = InvalidInput;
+
+/// One descriptor's answer: `Ok(None)` when no rule applies (OK, unlimited),
+/// `Err` when the descriptor itself is malformed (it alone is refused).
+pub type DescriptorResult = Result<Option<Outcome>, InvalidInput>;
 
 /// One descriptor of an RLS request, already decoded from protobuf.
 #[derive(Debug, Clone)]
@@ -68,6 +79,31 @@ pub struct NativeCheck {
 }
 
 impl Service {
+    /// Publishes the state gauges (called when /metrics is scraped): the
+    /// engine's, each rule's limit (`meridian_rule_limit{rule, scope}`, hits
+    /// per `meridian_rule_period_seconds{rule}`), and with a coordinator each
+    /// global rule's allocation in this region. One series per rule loaded:
+    /// rules are the operator's.
+    pub fn report_gauges(&self) {
+        self.engine.report_gauges();
+        let rules = self.rules.current();
+        for rule in rules.rules() {
+            let Some(params) = rule.params.as_ref().filter(|_| !rule.unlimited) else {
+                continue;
+            };
+            let scope = match rule.scope {
+                crate::rules::Scope::Region => "region",
+                crate::rules::Scope::Global => "global",
+            };
+            gauge!("meridian_rule_limit", "rule" => rule.id.clone(), "scope" => scope)
+                .set(params.limit() as f64);
+            gauge!("meridian_rule_period_seconds", "rule" => rule.id.clone())
+                .set(params.period().as_secs_f64());
+        }
+        #[cfg(feature = "server")]
+        self.global.report_gauges();
+    }
+
     /// A limiter that takes no allocations (rules from files, the library).
     pub fn uncoordinated(engine: Engine, rules: Arc<RuleSource>) -> Service {
         Service {
@@ -75,27 +111,42 @@ impl Service {
             rules,
             #[cfg(feature = "server")]
             global: Arc::new(Global::uncoordinated()),
+            stop_increment: false,
         }
     }
 
     /// Decides every descriptor of an Envoy RLS request, in order. `hits` is
     /// the request's `hits_addend` (0 = 1).
+    ///
+    /// Only a malformed request (no domain, no descriptors, too many) is an
+    /// error for the whole request. A bad descriptor (too many entries, an
+    /// over-long key, a bad override) is that descriptor's own error: the
+    /// others are still decided and charged, so one crafted header cannot
+    /// turn a request into an error that a gateway's fail-open lets through
+    /// uncounted.
     pub async fn rate_limit(
         &self,
         domain: &str,
         descriptors: &[Descriptor],
         hits: u32,
-    ) -> Result<Vec<Option<Outcome>>, RequestError> {
+    ) -> Result<Vec<DescriptorResult>, RequestError> {
         let rules = self.rules.current();
         let enforced = self.rate_limit_with(&rules, domain, descriptors, hits);
-        match self.rules.shadow() {
+        let results = match self.rules.shadow() {
             // The shadow set's verdicts only feed logs and metrics.
             Some(shadow) => {
                 let shadowed = self.rate_limit_with(&shadow, domain, descriptors, hits);
                 futures::join!(enforced, shadowed).0
             }
             None => enforced.await,
+        }?;
+        for (i, result) in results.iter().enumerate() {
+            if let Err(e) = result {
+                counter!("meridian_invalid_descriptors_total", "field" => e.field).increment(1);
+                tracing::debug!(domain, descriptor = i, error = %e, "descriptor refused");
+            }
         }
+        Ok(results)
     }
 
     async fn rate_limit_with(
@@ -104,7 +155,7 @@ impl Service {
         domain: &str,
         descriptors: &[Descriptor],
         hits: u32,
-    ) -> Result<Vec<Option<Outcome>>, RequestError> {
+    ) -> Result<Vec<DescriptorResult>, RequestError> {
         if domain.is_empty() {
             return Err(InvalidInput::new("domain", "\"\"", "must not be empty"));
         }
@@ -125,38 +176,102 @@ impl Service {
         let default_hits = if hits == 0 { 1 } else { u64::from(hits) };
 
         // Match first: `replaces` depends on every rule the request matched.
-        let mut matched = Vec::with_capacity(descriptors.len());
-        for (i, d) in descriptors.iter().enumerate() {
-            matched.push(match_descriptor(rules, domain, d, i)?);
-        }
+        let matched: Vec<Result<Option<Matched>, InvalidInput>> = descriptors
+            .iter()
+            .enumerate()
+            .map(|(i, d)| match_descriptor(rules, domain, d, i))
+            .collect();
         let replaced: Vec<&str> = matched
             .iter()
+            .flatten()
             .flatten()
             .flat_map(|m| m.rule.replaces.iter().map(String::as_str))
             .collect();
 
-        let checks = matched.iter().zip(descriptors).map(|(m, d)| async {
-            let Some(m) = m else { return Ok(None) };
-            if m.rule
-                .name
-                .as_deref()
-                .is_some_and(|n| replaced.contains(&n))
-            {
-                return Ok(None);
+        let live: Vec<Result<Option<&Matched>, InvalidInput>> = matched
+            .iter()
+            .map(|m| match m {
+                Ok(Some(m))
+                    if !m
+                        .rule
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| replaced.contains(&n)) =>
+                {
+                    Ok(Some(m))
+                }
+                Ok(_) => Ok(None),
+                Err(e) => Err(e.clone()),
+            })
+            .collect();
+        let costs: Vec<u64> = descriptors
+            .iter()
+            .map(|d| d.hits.unwrap_or(default_hits))
+            .collect();
+        let stop_increment = rules.stop_increment(domain).unwrap_or(self.stop_increment);
+        if stop_increment && live.iter().flatten().flatten().count() > 1 {
+            // Ask first without charging; charge only when none would deny.
+            // The two rounds are not atomic: a check racing between them can
+            // still see a charge, as in envoyproxy/ratelimit, whose pre-check
+            // reads the cache the same way.
+            let peeked = self.decide_all(&live, |_| 0).await;
+            let denies = peeked.iter().zip(&costs).any(|(p, &cost)| match p {
+                Ok(Some(o)) => would_deny(&o.verdict, cost),
+                _ => false,
+            });
+            if denies {
+                return Ok(peeked
+                    .into_iter()
+                    .zip(&costs)
+                    .map(|(p, &cost)| {
+                        p.map(|o| {
+                            o.map(|mut o| {
+                                if would_deny(&o.verdict, cost) {
+                                    o.verdict.decision.allowed = false;
+                                    o.verdict
+                                        .decision
+                                        .reason
+                                        .get_or_insert(DenyReason::OverLimit);
+                                }
+                                o
+                            })
+                        })
+                    })
+                    .collect());
             }
-            let check = Check {
-                rule: &m.rule,
-                counter_key: &m.counter_key,
-                cost: d.hits.unwrap_or(default_hits),
-                limit: m.limit.as_ref(),
-            };
-            let verdict = self.decide(check).await?;
-            Ok(Some(Outcome {
-                rule: m.rule.clone(),
-                verdict,
-            }))
+        }
+        Ok(self.decide_all(&live, |i| costs[i]).await)
+    }
+
+    /// Decides every matched descriptor at `cost(i)`, concurrently, in order.
+    async fn decide_all(
+        &self,
+        live: &[Result<Option<&Matched>, InvalidInput>],
+        cost: impl Fn(usize) -> u64,
+    ) -> Vec<DescriptorResult> {
+        let checks = live.iter().enumerate().map(|(i, m)| {
+            let cost = cost(i);
+            async move {
+                let m = match m {
+                    Ok(Some(m)) => m,
+                    Ok(None) => return Ok(None),
+                    Err(e) => return Err(e.clone()),
+                };
+                let check = Check {
+                    rule: &m.rule,
+                    counter_key: &m.counter_key,
+                    cost,
+                    limit: m.limit.as_ref(),
+                    metric_key: m.metric_key.as_deref(),
+                };
+                let verdict = self.decide(check).await?;
+                Ok(Some(Outcome {
+                    rule: m.rule.clone(),
+                    verdict,
+                }))
+            }
         });
-        join_all(checks).await.into_iter().collect()
+        join_all(checks).await
     }
 
     /// Decides a batch of native checks; one result per check, in order. A
@@ -186,7 +301,12 @@ impl Service {
             ));
         }
         let futures = checks.iter().map(|c| async move {
-            let Some((rule, counter_key)) = match_native(rules, c)? else {
+            let Some(NativeMatch {
+                rule,
+                counter_key,
+                metric_key,
+            }) = match_native(rules, c)?
+            else {
                 return Ok(None);
             };
             let cost = match (c.check_only, c.cost) {
@@ -200,6 +320,7 @@ impl Service {
                     counter_key: &counter_key,
                     cost,
                     limit: None,
+                    metric_key: metric_key.as_deref(),
                 })
                 .await?;
             Ok(Some(Outcome { rule, verdict }))
@@ -210,21 +331,29 @@ impl Service {
 
 impl Service {
     /// One check: a global rule runs against this region's allocation (and
-    /// is counted for the demand report); every other rule as is. An Envoy
-    /// per-descriptor `limit` override wins over the allocation.
+    /// is counted for the demand report); every other rule as is.
     async fn decide(&self, check: Check<'_>) -> Result<Verdict, InvalidInput> {
+        // Before anything is stored under the key: the over-limit cache, the
+        // demand counts and the fail-mode store all keep it.
+        key::check(&check.rule.id, check.counter_key)?;
         #[cfg(feature = "server")]
-        if check.limit.is_none() {
-            return self.decide_global(check).await;
-        }
+        return self.decide_global(check).await;
+        #[cfg(not(feature = "server"))]
         self.engine.check(check).await
     }
 
     /// The server's path: through this region's allocation when coordinated.
+    /// An Envoy per-descriptor `limit` on a global rule is the key's
+    /// world-wide limit: this region enforces its share of it, in the
+    /// proportion its allocation holds of the rule's limit, and the hits are
+    /// demand like any other (an override never bypasses the global bound).
     #[cfg(feature = "server")]
     async fn decide_global(&self, check: Check<'_>) -> Result<Verdict, InvalidInput> {
         let _in_flight = self.global.flight(check.rule);
-        let verdict = match self.global.limit(check.rule, check.counter_key)? {
+        let verdict = match self
+            .global
+            .limit(check.rule, check.counter_key, check.limit)?
+        {
             GlobalLimit::Rule => return self.engine.check(check).await,
             GlobalLimit::Allocated(params) => {
                 self.engine
@@ -240,13 +369,27 @@ impl Service {
         self.global.record(
             check.rule,
             check.counter_key,
-            check.cost,
-            d.allowed && !verdict.shadow_denied,
-            d.limit,
-            d.remaining,
+            Counted {
+                cost: check.cost,
+                allowed: d.allowed && !verdict.shadow_denied,
+                limit: d.limit,
+                remaining: d.remaining,
+                // An override's count is against its own limit, not the
+                // rule's window cap the coordinator compares window use with.
+                window_use: check.limit.is_none(),
+            },
         );
         Ok(verdict)
     }
+}
+
+/// Whether a check-only verdict says `cost` hits would be denied. A shadow
+/// rule never denies, and an unlimited one never counts.
+fn would_deny(verdict: &Verdict, cost: u64) -> bool {
+    let d = &verdict.decision;
+    !verdict.shadow_denied
+        && verdict.source != Source::Unlimited
+        && (!d.allowed || d.remaining < cost)
 }
 
 /// A descriptor resolved to a rule: the counter to check and its limit.
@@ -255,6 +398,8 @@ struct Matched {
     counter_key: String,
     /// Params built from the descriptor's `limit` override.
     limit: Option<Params>,
+    /// `Resolved::metric_key`: the per-value metric name, if the rule counts values.
+    metric_key: Option<String>,
 }
 
 fn match_descriptor(
@@ -281,7 +426,8 @@ fn match_descriptor(
     let Some(rule) = resolved.rule else {
         return Ok(None);
     };
-    let limit = match d.limit {
+    // A ban (`requests_per_unit: 0`) stays a ban whatever the gateway asks.
+    let limit = match d.limit.filter(|_| !rule.denies_all()) {
         Some((requests, unit)) => Some(override_params(rule, requests, unit)?),
         None => None,
     };
@@ -289,6 +435,7 @@ fn match_descriptor(
         rule: rule.clone(),
         counter_key: resolved.counter_key,
         limit,
+        metric_key: resolved.metric_key,
     }))
 }
 
@@ -321,18 +468,31 @@ pub fn unit_period(unit: Unit) -> Duration {
     }
 }
 
-/// `rule` + `key`, or a descriptor; `None` when nothing matches.
-fn match_native(
-    rules: &RuleSet,
-    c: &NativeCheck,
-) -> Result<Option<(Arc<Rule>, String)>, InvalidInput> {
+/// A native check resolved to a rule.
+struct NativeMatch {
+    rule: Arc<Rule>,
+    counter_key: String,
+    /// The per-value metric name, if the rule counts values.
+    metric_key: Option<String>,
+}
+
+/// `rule` + `key`, or a descriptor; `None` when nothing matches. A rule
+/// name that several rules carry is refused: the descriptor says which.
+fn match_native(rules: &RuleSet, c: &NativeCheck) -> Result<Option<NativeMatch>, InvalidInput> {
     if c.domain.is_empty() {
         return Err(InvalidInput::new("domain", "\"\"", "must not be empty"));
     }
     match (c.rule.is_empty(), c.descriptor.is_empty()) {
-        (false, true) => Ok(rules
-            .named(&c.domain, &c.rule)
-            .map(|r| (r.clone(), c.key.clone()))),
+        (false, true) => match rules.by_name(&c.domain, &c.rule) {
+            // Addressed by name, a rule's counter is the key as given: its
+            // per-value metric is the key too.
+            Ok(found) => Ok(found.map(|r| NativeMatch {
+                rule: r.clone(),
+                counter_key: c.key.clone(),
+                metric_key: r.counts_values().then(|| c.key.clone()),
+            })),
+            Err(e) => Err(InvalidInput::new("rule", &c.rule, e.to_string())),
+        },
         (true, false) => {
             if c.descriptor.len() > MAX_ENTRIES {
                 return Err(InvalidInput::new(
@@ -346,9 +506,13 @@ fn match_native(
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_str()))
                 .collect();
-            Ok(rules
-                .resolve(&c.domain, &entries)
-                .and_then(|r| r.rule.map(|rule| (rule.clone(), r.counter_key))))
+            Ok(rules.resolve(&c.domain, &entries).and_then(|r| {
+                r.rule.map(|rule| NativeMatch {
+                    rule: rule.clone(),
+                    counter_key: r.counter_key,
+                    metric_key: r.metric_key,
+                })
+            }))
         }
         (false, false) => Err(InvalidInput::new(
             "rule",

@@ -168,6 +168,7 @@ fn explain_json(domain: &str, known_domain: bool, resolved: Option<&Resolved<'_>
         "domain": domain,
         "domain_found": known_domain,
         "counter_key": resolved.map(|r| r.counter_key.as_str()),
+        "metric_key": resolved.and_then(|r| r.metric_key.as_deref()),
         "unlimited": rule.is_some_and(|r| r.unlimited),
         "requests_per_unit": rule.map(|r| r.requests_per_unit),
         "unit": rule.filter(|r| !r.unlimited).map(|r| r.unit.name()),
@@ -184,12 +185,29 @@ fn explain_json(domain: &str, known_domain: bool, resolved: Option<&Resolved<'_>
                 max_batch,
             } => (Some(sync_interval.as_millis() as u64), max_batch),
         };
+        let limits: Vec<Value> = rule
+            .params
+            .iter()
+            .map(|p| (rule.unit, p))
+            .chain(rule.also.iter().map(|(u, p)| (*u, p)))
+            .map(|(unit, p)| {
+                json!({
+                    "requests_per_unit": p.limit(),
+                    "unit": unit.name(),
+                    "period_ms": p.period().as_millis() as u64,
+                    "algorithm": p.algorithm().name(),
+                    "burst": p.algorithm().has_burst().then(|| p.burst()),
+                })
+            })
+            .collect();
         let extra = json!({
+            "limits": limits,
             "rule_id": rule.id,
             "algorithm": params.map(|p| p.algorithm().name()),
             "burst": params.filter(|p| p.algorithm().has_burst()).map(|p| p.burst()),
             "replaces": rule.replaces,
             "detailed_metric": rule.detailed_metric,
+            "value_to_metric": rule.value_to_metric,
             "fail_mode": rule.fail_mode.name(),
             "scope": rule.scope.name(),
             "accuracy": rule.accuracy.name(),
@@ -229,6 +247,7 @@ fn explain_text(
         Some(Resolved {
             rule: None,
             counter_key,
+            ..
         }) => {
             out.push_str(&format!(
                 "allow-listed: the path ends at a descriptor without rate_limit; not limited \
@@ -238,6 +257,7 @@ fn explain_text(
         Some(Resolved {
             rule: Some(rule),
             counter_key,
+            metric_key,
         }) => {
             out.push_str(&format!(
                 "rule:    {} ({}:{})\n",
@@ -251,12 +271,21 @@ fn explain_text(
                 out.push_str(&format!("replaces: {}\n", rule.replaces.join(", ")));
             }
             out.push_str(&format!("counter: {counter_key}\n"));
+            if let Some(metric) = metric_key {
+                out.push_str(&format!("metric:  {metric}\n"));
+            }
         }
     }
     out
 }
 
 fn describe_limit(rule: &Rule) -> String {
+    if rule.denies_all() {
+        return format!(
+            "0 per {}: every request over limit, decided without a counter",
+            format_duration(rule.unit.duration())
+        );
+    }
     let Some(params) = rule.params.as_ref().filter(|_| !rule.unlimited) else {
         return "unlimited (matched, never limited, nothing counted)".to_owned();
     };
@@ -279,6 +308,18 @@ fn describe_limit(rule: &Rule) -> String {
         s.push_str(&format!(", split {}", rule.split));
     }
     s.push(')');
+    for (unit, p) in &rule.also {
+        s.push_str(&format!(
+            " and {} per {} ({}",
+            p.limit(),
+            format_duration(unit.duration()),
+            p.algorithm()
+        ));
+        if p.algorithm().has_burst() {
+            s.push_str(&format!(", burst {}", p.burst()));
+        }
+        s.push(')');
+    }
     if rule.shadow_mode {
         s.push_str(", SHADOW MODE (counted, never denied)");
     }

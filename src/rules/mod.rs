@@ -12,11 +12,16 @@
 //!   — Envoy semantics: the entries are a path through the tree; `None` when
 //!   the domain or the path matches nothing.
 //! - `RuleSet::named(&self, domain, name) -> Option<&Arc<Rule>>` — a rule by
-//!   its `rate_limit.name`, for the native API's rule + key checks.
+//!   its `rate_limit.name`, for the native API's rule + key checks; names
+//!   may repeat, as in envoyproxy/ratelimit: `RuleSet::by_name` tells an
+//!   ambiguous name apart from an unknown one.
 //! - `Rule`, `Resolved { rule, counter_key }` and the enums in `model.rs`.
 
 #[cfg(feature = "server")]
 pub(crate) mod cli;
+mod depth;
+#[cfg(feature = "server")]
+pub(crate) mod diff;
 mod duration;
 mod model;
 mod parse;
@@ -24,6 +29,7 @@ mod parse;
 use std::fmt;
 use std::sync::Arc;
 
+pub use depth::{MAX_DEPTH, TooDeep, check_depth};
 pub use duration::{format_duration, parse_duration};
 pub use model::{Accuracy, FailMode, Partition, Resolved, Rule, RuleFile, Scope, Unit};
 
@@ -96,7 +102,30 @@ struct Domain {
     file: String,
     line: usize,
     root: Level,
-    named: Map<Arc<Rule>>,
+    /// `rate_limit.name` → every rule with that name, in file order. More
+    /// than one: the name is ambiguous for the native API (which then needs
+    /// the descriptor path), while `replaces` still means all of them.
+    named: Map<Vec<Arc<Rule>>>,
+    /// `stop_increment_when_over_limit:` at the top of the file; `None`
+    /// leaves it to the server's flag.
+    stop_increment: Option<bool>,
+}
+
+/// A `rate_limit.name` that more than one rule of a domain carries.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "rule name {name:?} is ambiguous in domain {domain:?}: used by {} rules ({}); \
+     address the rule by its descriptor instead",
+    places.len(),
+    places.join(", ")
+)]
+pub struct AmbiguousName {
+    /// The domain the name was looked up in.
+    pub domain: String,
+    /// The name asked for.
+    pub name: String,
+    /// `file:line` of each rule with the name.
+    pub places: Vec<String>,
 }
 
 /// The descriptor nodes under one parent, grouped by key so that resolving an
@@ -123,6 +152,15 @@ struct TreeNode {
     /// `None`: no `rate_limit`, so a path ending here is allow-listed.
     rule: Option<Arc<Rule>>,
     children: Level,
+    /// `share_threshold: true` on a glob value: every value the glob
+    /// matches counts in one counter (keyed by the pattern).
+    share_threshold: bool,
+    /// `value_to_metric: true`: this level is named by the request's value
+    /// in per-value metrics.
+    value_to_metric: bool,
+    /// The exact `value:` written, for metric names (`None` for a key-only
+    /// node or a glob, whose pattern the glob holds).
+    exact_value: Option<String>,
 }
 
 impl RuleSet {
@@ -172,22 +210,68 @@ impl RuleSet {
     /// `None` when the domain is unknown, there are no entries, or the path
     /// leaves the tree. Allocates only the counter key.
     pub fn resolve<'s>(&'s self, domain: &str, entries: &[(&str, &str)]) -> Option<Resolved<'s>> {
-        let domain = &self.domains[*self.index.get(domain)?];
-        let (mut level, mut node) = (&domain.root, None);
+        let domain = &self.domains[*self.index.get(domain)?].root;
+        let (mut level, mut node, mut shared) = (domain, None, false);
         for &(key, value) in entries {
-            let n = level.by_key.get(key)?.find(value)?;
+            let (n, glob) = level.by_key.get(key)?.find(value)?;
+            shared |= n.share_threshold && glob.is_some();
             level = &n.children;
             node = Some(n);
         }
+        let rule = node?.rule.as_ref();
+        // The common case allocates the counter key only; a shared glob or a
+        // per-value metric walks the path a second time.
+        let path = || walk(domain, entries);
+        let counter_key = if shared {
+            let entries: Vec<(&str, &str)> = path()
+                .map(|(key, value, n, glob)| match glob {
+                    Some(g) if n.share_threshold => (key, g.pattern()),
+                    _ => (key, value),
+                })
+                .collect();
+            counter_key(&entries)
+        } else {
+            counter_key(entries)
+        };
+        let metric_key = rule
+            .filter(|r| r.counts_values())
+            .map(|r| metric_key(path(), r.detailed_metric));
         Some(Resolved {
-            rule: node?.rule.as_ref(),
-            counter_key: counter_key(entries),
+            rule,
+            counter_key,
+            metric_key,
         })
     }
 
-    /// A rule by its `rate_limit.name` (names are unique within a domain).
+    /// A rule by its `rate_limit.name`; `None` when no rule or more than one
+    /// carries it (see [`RuleSet::by_name`]).
     pub fn named(&self, domain: &str, name: &str) -> Option<&Arc<Rule>> {
-        self.domains[*self.index.get(domain)?].named.get(name)
+        self.by_name(domain, name).ok().flatten()
+    }
+
+    /// A rule by its `rate_limit.name`: `Ok(None)` when no rule carries it,
+    /// an error naming every place when several do.
+    pub fn by_name(&self, domain: &str, name: &str) -> Result<Option<&Arc<Rule>>, AmbiguousName> {
+        let Some(&i) = self.index.get(domain) else {
+            return Ok(None);
+        };
+        match self.domains[i].named.get(name).map(Vec::as_slice) {
+            None | Some([]) => Ok(None),
+            Some([rule]) => Ok(Some(rule)),
+            Some(rules) => Err(AmbiguousName {
+                domain: domain.to_owned(),
+                name: name.to_owned(),
+                places: rules
+                    .iter()
+                    .map(|r| format!("{}:{}", r.file, r.line))
+                    .collect(),
+            }),
+        }
+    }
+
+    /// The domain's `stop_increment_when_over_limit`, if its file sets it.
+    pub fn stop_increment(&self, domain: &str) -> Option<bool> {
+        self.domains[*self.index.get(domain)?].stop_increment
     }
 
     /// A rule by its id.
@@ -226,7 +310,11 @@ impl RuleSet {
         let mut set = self.clone();
         set.rules = self.rules.iter().map(swap).collect();
         for domain in &mut set.domains {
-            domain.named.values_mut().for_each(|r| *r = swap(r));
+            domain
+                .named
+                .values_mut()
+                .flatten()
+                .for_each(|r| *r = swap(r));
             domain.root.map_rules(&swap);
         }
         set
@@ -248,17 +336,65 @@ impl Level {
 }
 
 impl KeyNodes {
-    fn find(&self, value: &str) -> Option<&TreeNode> {
+    /// The node `value` matches, and the glob when it matched through one.
+    fn find(&self, value: &str) -> Option<(&TreeNode, Option<&Glob>)> {
         self.exact
             .get(value)
+            .map(|n| (n, None))
             .or_else(|| {
                 self.globs
                     .iter()
                     .find(|(g, _)| g.matches(value))
-                    .map(|(_, n)| n)
+                    .map(|(g, n)| (n, Some(g)))
             })
-            .or(self.any.as_deref())
+            .or(self.any.as_deref().map(|n| (n, None)))
     }
+}
+
+/// The nodes a descriptor's path goes through, with each entry and the glob
+/// it matched by, if any; the caller has resolved the whole path already.
+fn walk<'s, 'e>(
+    root: &'s Level,
+    entries: &'e [(&'e str, &'e str)],
+) -> impl Iterator<Item = (&'e str, &'e str, &'s TreeNode, Option<&'s Glob>)> {
+    let mut level = Some(root);
+    entries.iter().map_while(move |&(key, value)| {
+        let (node, glob) = level?.by_key.get(key)?.find(value)?;
+        level = Some(&node.children);
+        Some((key, value, node, glob))
+    })
+}
+
+/// envoyproxy/ratelimit's metric key of a path: `key` for a level matched
+/// by its key alone, `key_value` where a value was configured (the pattern,
+/// for a glob) or where the request's value is shown (`value_to_metric` on
+/// that level, or `detailed_metric` on the rule for every level), joined
+/// by `.`.
+fn metric_key<'a>(
+    path: impl Iterator<Item = (&'a str, &'a str, &'a TreeNode, Option<&'a Glob>)>,
+    detailed: bool,
+) -> String {
+    let mut out = String::new();
+    for (i, (key, value, node, glob)) in path.enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        out.push_str(key);
+        let configured = match glob {
+            Some(g) => Some(g.pattern()),
+            None => node.exact_value.as_deref(),
+        };
+        let shown = if detailed || node.value_to_metric {
+            Some(value)
+        } else {
+            configured
+        };
+        if let Some(v) = shown {
+            out.push('_');
+            out.push_str(v);
+        }
+    }
+    out
 }
 
 /// A descriptor value with `*` wildcards: `*` matches any run of characters,
@@ -356,3 +492,6 @@ pub fn counter_key(entries: &[(&str, &str)]) -> String {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod fuzz;

@@ -104,19 +104,32 @@ pub struct Rule {
     pub name: Option<String>,
     /// `rate_limit.unlimited: true`: matched, never limited, nothing counted.
     pub unlimited: bool,
-    /// `requests_per_unit` (0 when unlimited).
+    /// `requests_per_unit` (0 when unlimited). 0 on a limited rule denies
+    /// every request as over limit (envoyproxy/ratelimit's way to ban a
+    /// value); such a rule has no `params` and never reaches the store.
     pub requests_per_unit: u64,
     /// The period as written (`unit:` or `period:`), kept for Envoy's response
     /// and the `rules` command; `params` holds the period the algorithm uses.
     pub unit: Unit,
-    /// Algorithm, limit, period, burst. `None` when unlimited.
+    /// Algorithm, limit, period, burst. `None` when unlimited or when
+    /// `requests_per_unit` is 0 (see [`Rule::denies_all`]). With `limits:`,
+    /// the first entry's.
     pub params: Option<Params>,
+    /// With `limits:`, every entry after the first (its unit as written and
+    /// its params): a check passes only when every limit passes, all decided
+    /// in one store call. Empty for a `rate_limit` rule.
+    pub also: Vec<(Unit, Params)>,
     /// `shadow_mode: true`: decided and counted, but a denial is answered as an
     /// allow, with `Verdict::shadow_denied` set, to try a rule on live traffic.
     pub shadow_mode: bool,
-    /// `detailed_metric: true` (Envoy's field): kept and shown by `meridian rules`;
-    /// no metric reads it yet.
+    /// `detailed_metric: true` (Envoy's field): checks are also counted per
+    /// descriptor value, every level of the path named by the request's
+    /// value (`meridian_descriptor_checks_total`, capped; see
+    /// `limiter::detailed_metrics`).
     pub detailed_metric: bool,
+    /// `value_to_metric: true` on this node or one above it (Envoy's field):
+    /// such levels are named by the request's value in the per-value metric.
+    pub value_to_metric: bool,
     /// Names of rules this one replaces when both match one request.
     pub replaces: Vec<String>,
     /// What a check does when the store fails or misses its deadline.
@@ -145,8 +158,14 @@ pub struct Resolved<'a> {
     /// `None` when the path ends at a node without `rate_limit` (an allow-list entry).
     pub rule: Option<&'a Arc<Rule>>,
     /// Identifies the counter within the rule: the descriptor's entries, escaped
-    /// so that different entry lists never produce the same key.
+    /// so that different entry lists never produce the same key. A level
+    /// matched by a `share_threshold` glob contributes the pattern, not the
+    /// value, so all its values share one counter.
     pub counter_key: String,
+    /// The rule's per-value metric name, envoyproxy/ratelimit's
+    /// `key_value.subkey…` form, when the rule counts values
+    /// ([`Rule::counts_values`]); `None` otherwise (and no allocation).
+    pub metric_key: Option<String>,
 }
 
 impl Unit {
@@ -249,6 +268,25 @@ impl Accuracy {
 }
 
 impl Rule {
+    /// `requests_per_unit: 0`: every request is over the limit, decided
+    /// without a store call.
+    pub fn denies_all(&self) -> bool {
+        !self.unlimited && self.requests_per_unit == 0
+    }
+
+    /// The unit limit `index` (0 = `params`, then [`Rule::also`]) was written in.
+    pub fn unit_of(&self, index: usize) -> Unit {
+        match index {
+            0 => self.unit,
+            i => self.also.get(i - 1).map_or(self.unit, |(unit, _)| *unit),
+        }
+    }
+
+    /// Whether checks of this rule are also counted per descriptor value.
+    pub fn counts_values(&self) -> bool {
+        self.detailed_metric || self.value_to_metric
+    }
+
     /// Whether one counter serves every caller the rule matches: every level of
     /// its path names an exact value (no key-only or wildcard level, which count
     /// each value apart). Such a rule set too low throttles all traffic at once,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use marked_yaml::types::{MarkedMappingNode, MarkedScalarNode};
 use marked_yaml::{LoadError, LoaderOptions, Node};
 
+use super::depth::{MAX_DEPTH, check_depth};
 use super::duration::parse_duration;
 use super::{
     Accuracy, Domain, FailMode, Glob, KeyNodes, Level, Map, Partition, Rule, RuleError, RuleFile,
@@ -21,13 +22,16 @@ pub(super) struct ParsedFile {
     pub rules: Vec<Arc<Rule>>,
 }
 
-const TOP_FIELDS: &[&str] = &["domain", "descriptors"];
+/// `stop_increment_when_over_limit` is Meridian's: envoyproxy/ratelimit
+/// sets the same behaviour for the whole server only.
+const TOP_FIELDS: &[&str] = &["domain", "descriptors", "stop_increment_when_over_limit"];
 
 /// Envoy's descriptor fields; Meridian's (`LIMIT_FIELDS`) are their siblings.
 const DESCRIPTOR_FIELDS: &[&str] = &[
     "key",
     "value",
     "rate_limit",
+    "limits",
     "descriptors",
     "shadow_mode",
     "detailed_metric",
@@ -62,6 +66,10 @@ const RATE_LIMIT_FIELDS: &[&str] = &[
 ];
 
 const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_millis(50);
+/// Limits one descriptor's `limits:` may hold: each is a few Lua lines per
+/// check, and 8 covers a burst, a rate and quotas by minute, hour, day,
+/// week and month.
+const MAX_LIMITS: usize = 8;
 const MAX_SPLIT: u32 = 1024;
 
 /// Parses one file. `None` when it has no usable domain (the errors say why);
@@ -74,6 +82,11 @@ pub(super) fn parse_file(file: &RuleFile, errors: &mut Vec<RuleError>) -> Option
         rules: Vec::new(),
         named: Map::default(),
     };
+    // Before any parser: marked-yaml recurses per level and would overflow the stack.
+    if let Err(deep) = check_depth(&file.text, MAX_DEPTH) {
+        cx.err(deep.line, "yaml", deep.to_string());
+        return None;
+    }
     if let Some(at) = second_document(&file.text) {
         cx.err(
             at,
@@ -113,11 +126,21 @@ pub(super) fn parse_file(file: &RuleFile, errors: &mut Vec<RuleError>) -> Option
             other => other.map(|d| (d, line(node))),
         },
     };
+    let stop_increment = top
+        .get_node("stop_increment_when_over_limit")
+        .filter(|n| !is_null(n))
+        .and_then(|n| cx.boolean(n, "stop_increment_when_over_limit"));
     let mut root_level = Level::default();
     let name = domain.as_ref().map_or("", |(d, _)| d.as_str());
     let mut id = String::new();
     escape_into(name, &mut id);
-    cx.descriptors(top.get_node("descriptors"), name, &id, &mut root_level);
+    cx.descriptors(
+        top.get_node("descriptors"),
+        name,
+        &id,
+        false,
+        &mut root_level,
+    );
     let (name, line) = domain?;
     Some(ParsedFile {
         domain: Domain {
@@ -125,7 +148,8 @@ pub(super) fn parse_file(file: &RuleFile, errors: &mut Vec<RuleError>) -> Option
             file: file.name.clone(),
             line,
             root: root_level,
-            named: cx.named.into_iter().map(|(k, (_, r))| (k, r)).collect(),
+            named: cx.named,
+            stop_increment,
         },
         rules: cx.rules,
     })
@@ -201,8 +225,20 @@ struct Cx<'a> {
     file: &'a str,
     errors: &'a mut Vec<RuleError>,
     rules: Vec<Arc<Rule>>,
-    /// `rate_limit.name` → (line, rule), to reject a name used twice.
-    named: Map<(usize, Arc<Rule>)>,
+    /// `rate_limit.name` → every rule with it, in file order (a name may
+    /// repeat, as in envoyproxy/ratelimit).
+    named: Map<Vec<Arc<Rule>>>,
+}
+
+/// A descriptor node's boolean fields.
+#[derive(Debug, Default)]
+struct NodeFlags {
+    shadow_mode: bool,
+    detailed_metric: bool,
+    value_to_metric: bool,
+    share_threshold: bool,
+    /// `value_to_metric` here or on a node above.
+    inherited_value_to_metric: bool,
 }
 
 /// The `rate_limit` map, checked field by field.
@@ -234,9 +270,15 @@ impl Cx<'_> {
     fn check_fields(&mut self, map: &MarkedMappingNode, allowed: &[&[&str]], place: &str) {
         for (k, _) in map.iter() {
             if !allowed.iter().any(|list| list.contains(&k.as_str())) {
+                // An empty key (`: x`) is still named, so the error says where.
+                let field = if k.as_str().is_empty() {
+                    "\"\"".to_owned()
+                } else {
+                    k.as_str().to_owned()
+                };
                 self.err(
                     scalar_line(k),
-                    k.as_str(),
+                    field,
                     format!(
                         "unknown field in {place}; expected one of: {}",
                         allowed.concat().join(", ")
@@ -309,12 +351,14 @@ impl Cx<'_> {
         found.map(|(_, v)| *v)
     }
 
-    /// A `descriptors` list into `level`.
+    /// A `descriptors` list into `level`. `inherited`: a node above set
+    /// `value_to_metric`, which the rules below carry.
     fn descriptors(
         &mut self,
         node: Option<&Node>,
         domain: &str,
         parent_id: &str,
+        inherited: bool,
         level: &mut Level,
     ) {
         let Some(node) = node.filter(|n| !is_null(n)) else {
@@ -330,7 +374,7 @@ impl Cx<'_> {
         };
         for item in items.iter() {
             match item.as_mapping() {
-                Some(map) => self.descriptor(map, domain, parent_id, level),
+                Some(map) => self.descriptor(map, domain, parent_id, inherited, level),
                 None => self.err(
                     line(item),
                     "descriptors",
@@ -349,6 +393,7 @@ impl Cx<'_> {
         map: &MarkedMappingNode,
         domain: &str,
         parent_id: &str,
+        inherited: bool,
         level: &mut Level,
     ) {
         let at = map.span().start().map_or(1, |m| m.line());
@@ -374,8 +419,10 @@ impl Cx<'_> {
             .and_then(|n| self.string(n, "value"))
             .filter(|v| !v.is_empty());
 
-        let mut shadow_mode = false;
-        let mut detailed_metric = false;
+        // `quota_mode` (envoyproxy/ratelimit's quota mode) and `metadata`
+        // are accepted and validated, and change nothing here (README,
+        // "Differences from envoyproxy/ratelimit").
+        let mut flags = NodeFlags::default();
         for field in [
             "shadow_mode",
             "detailed_metric",
@@ -385,12 +432,15 @@ impl Cx<'_> {
         ] {
             if let Some(b) = get(field).and_then(|n| self.boolean(n, field)) {
                 match field {
-                    "shadow_mode" => shadow_mode = b,
-                    "detailed_metric" => detailed_metric = b,
+                    "shadow_mode" => flags.shadow_mode = b,
+                    "detailed_metric" => flags.detailed_metric = b,
+                    "value_to_metric" => flags.value_to_metric = b,
+                    "share_threshold" => flags.share_threshold = b,
                     _ => {}
                 }
             }
         }
+        flags.inherited_value_to_metric = inherited || flags.value_to_metric;
 
         let mut id = String::with_capacity(parent_id.len() + 32);
         id.push_str(parent_id);
@@ -405,14 +455,26 @@ impl Cx<'_> {
         let spec = get("rate_limit")
             .filter(|n| !is_null(n))
             .and_then(|n| self.rate_limit(n, key_line(map, "rate_limit").unwrap_or(at)));
-        let rule = match &spec {
-            // A broken rate_limit was reported; building on it would only add noise.
-            Some(_) if self.errors.len() != before => None,
-            Some(spec) => self.rule(map, spec, domain, &id, shadow_mode, detailed_metric),
-            None => {
-                self.reject_limit_fields(map, "this descriptor has no rate_limit");
-                None
-            }
+        let limits = get("limits").filter(|n| !is_null(n));
+        if let (Some(_), Some(n)) = (&spec, limits) {
+            self.err(
+                key_line(map, "limits").unwrap_or(line(n)),
+                "limits",
+                "give either rate_limit (one limit) or limits (several), not both",
+            );
+        }
+        let rule = match (&spec, limits) {
+            (None, Some(n)) => self.limits(map, n, domain, &id, &flags),
+            (Some(_), Some(_)) => None,
+            (spec, None) => match spec {
+                // A broken rate_limit was reported; building on it would only add noise.
+                Some(_) if self.errors.len() != before => None,
+                Some(spec) => self.rule(map, spec, domain, &id, &flags),
+                None => {
+                    self.reject_limit_fields(map, "this descriptor has no rate_limit");
+                    None
+                }
+            },
         };
         // The id is part of every storage key of the rule; one the store would
         // refuse must fail here, at load, not on every check.
@@ -434,20 +496,11 @@ impl Cx<'_> {
         let rule = rule.map(Arc::new);
         if let Some(rule) = &rule {
             self.rules.push(rule.clone());
-            if let (Some(name), Some(spec)) = (&rule.name, &spec) {
-                match self.named.get(name) {
-                    Some(&(first, _)) => self.err(
-                        spec.line,
-                        "name",
-                        format!(
-                            "duplicate name {name:?} in domain {domain:?}: already used by the \
-                             rate_limit at line {first}; a name identifies one rule"
-                        ),
-                    ),
-                    None => {
-                        self.named.insert(name.clone(), (spec.line, rule.clone()));
-                    }
-                }
+            if let Some(name) = &rule.name {
+                self.named
+                    .entry(name.clone())
+                    .or_default()
+                    .push(rule.clone());
             }
         }
 
@@ -455,8 +508,18 @@ impl Cx<'_> {
             line: at,
             rule,
             children: Level::default(),
+            share_threshold: flags.share_threshold,
+            value_to_metric: flags.value_to_metric,
+            exact_value: value.clone().filter(|v| !v.contains('*')),
         };
-        self.descriptors(get("descriptors"), domain, &id, &mut node.children);
+        let inherited = flags.inherited_value_to_metric;
+        self.descriptors(
+            get("descriptors"),
+            domain,
+            &id,
+            inherited,
+            &mut node.children,
+        );
 
         let Some(key) = key else { return };
         let group = level.by_key.entry(key.clone()).or_default();
@@ -533,20 +596,12 @@ impl Cx<'_> {
             spec.requests_per_unit = match self.integer(n, "requests_per_unit") {
                 // envoyproxy/ratelimit accepts (and ignores) any count when unlimited.
                 Some(v) if spec.unlimited => Some((v, line(n))),
-                Some(0) => {
-                    self.err(
-                        line(n),
-                        "requests_per_unit",
-                        "must be at least 1: a limit of 0 would deny every request (to stop \
-                         limiting, use unlimited: true or remove the rate_limit)",
-                    );
-                    None
-                }
+                // 0 is envoyproxy/ratelimit's ban: every request over limit.
                 Some(v) if v < 0 => {
                     self.err(
                         line(n),
                         "requests_per_unit",
-                        format!("must be at least 1, found {v}"),
+                        format!("must be 0 (deny every request) or more, found {v}"),
                     );
                     None
                 }
@@ -608,6 +663,118 @@ impl Cx<'_> {
         }
     }
 
+    /// A descriptor's `limits:` list: several limits on one counter key, each
+    /// entry with `algorithm`, `burst`, `period` and `rate_limit` as a
+    /// single rule has them. Beside the list, the descriptor may carry
+    /// `fail_mode`; the first entry's `rate_limit.name` names the rule.
+    fn limits(
+        &mut self,
+        map: &MarkedMappingNode,
+        node: &Node,
+        domain: &str,
+        id: &str,
+        flags: &NodeFlags,
+    ) -> Option<Rule> {
+        const ENTRY_FIELDS: &[&str] = &["algorithm", "burst", "period", "rate_limit"];
+        let before = self.errors.len();
+        let at = key_line(map, "limits").unwrap_or(line(node));
+        let Some(items) = node.as_sequence().filter(|items| items.len() >= 2) else {
+            let found = match node.as_sequence() {
+                Some(items) => format!("{} entry", items.len()),
+                None => kind(node).to_owned(),
+            };
+            self.err(
+                at,
+                "limits",
+                format!(
+                    "must be a list of at least two limits, found {found} (one limit is a \
+                     rate_limit)"
+                ),
+            );
+            return None;
+        };
+        if items.len() > MAX_LIMITS {
+            self.err(
+                at,
+                "limits",
+                format!(
+                    "at most {MAX_LIMITS} limits on one descriptor, found {}",
+                    items.len()
+                ),
+            );
+            return None;
+        }
+        for (k, _) in map.iter() {
+            if LIMIT_FIELDS.contains(&k.as_str()) && k.as_str() != "fail_mode" {
+                self.err(
+                    scalar_line(k),
+                    k.as_str(),
+                    "not supported beside limits yet: put algorithm, burst and period in each \
+                     entry; scope, accuracy, split, partition and fallback need a single \
+                     rate_limit",
+                );
+            }
+        }
+        let mut rules = Vec::with_capacity(items.len());
+        for item in items.iter() {
+            let Some(entry) = item.as_mapping() else {
+                self.err(
+                    line(item),
+                    "limits",
+                    format!(
+                        "each entry must be a map with rate_limit, found {}",
+                        kind(item)
+                    ),
+                );
+                continue;
+            };
+            self.check_fields(entry, &[ENTRY_FIELDS], "a limits entry");
+            let at = line(item);
+            let Some(spec) = entry
+                .get_node("rate_limit")
+                .filter(|n| !is_null(n))
+                .and_then(|n| self.rate_limit(n, key_line(entry, "rate_limit").unwrap_or(at)))
+            else {
+                self.err(
+                    at,
+                    "rate_limit",
+                    "missing: each limits entry needs a rate_limit",
+                );
+                continue;
+            };
+            if spec.unlimited || spec.requests_per_unit.is_some_and(|(n, _)| n == 0) {
+                self.err(
+                    spec.line,
+                    "rate_limit",
+                    "an entry of limits needs requests_per_unit of 1 or more (a ban or \
+                     unlimited is a rate_limit of its own)",
+                );
+                continue;
+            }
+            if let Some(rule) = self.rule(entry, &spec, domain, id, flags) {
+                rules.push(rule);
+            }
+        }
+        if self.errors.len() != before {
+            return None;
+        }
+        let mut rest = rules.split_off(1);
+        let mut rule = rules.pop()?;
+        if let Some(n) = map.get_node("fail_mode").filter(|n| !is_null(n)) {
+            let choices = [
+                ("open", FailMode::Open),
+                ("closed", FailMode::Closed),
+                ("local", FailMode::Local),
+            ];
+            rule.fail_mode = self.choice(n, "fail_mode", &choices).unwrap_or_default();
+        }
+        rule.also = rest
+            .drain(..)
+            .filter_map(|r| r.params.map(|p| (r.unit, p)))
+            .collect();
+        Some(rule)
+    }
+
     /// Errors for Meridian's limit fields on a node without a limit.
     fn reject_limit_fields(&mut self, map: &MarkedMappingNode, why: &str) {
         for (k, _) in map.iter() {
@@ -629,8 +796,7 @@ impl Cx<'_> {
         spec: &RateLimitSpec,
         domain: &str,
         id: &str,
-        shadow_mode: bool,
-        detailed_metric: bool,
+        flags: &NodeFlags,
     ) -> Option<Rule> {
         let before = self.errors.len();
         let get = |f: &str| map.get_node(f).filter(|n| !is_null(n));
@@ -642,8 +808,10 @@ impl Cx<'_> {
             requests_per_unit: 0,
             unit: Unit::Second,
             params: None,
-            shadow_mode,
-            detailed_metric,
+            also: Vec::new(),
+            shadow_mode: flags.shadow_mode,
+            detailed_metric: flags.detailed_metric,
+            value_to_metric: flags.inherited_value_to_metric,
             replaces: spec.replaces.clone(),
             fail_mode: FailMode::default(),
             scope: Scope::default(),
@@ -794,6 +962,21 @@ impl Cx<'_> {
         }
         let algorithm = algorithm?;
         let period = rule.unit.duration();
+        if rule.requests_per_unit == 0 {
+            // Denied without a counter, so no algorithm runs; a global one
+            // would have nothing to divide.
+            if rule.scope == Scope::Global {
+                let at = key_line(map, "scope").unwrap_or(spec.line);
+                self.err(
+                    at,
+                    "scope",
+                    "requests_per_unit: 0 denies every request in every region; scope: global \
+                     has nothing to allocate (remove scope)",
+                );
+                return None;
+            }
+            return Some(rule);
+        }
         match Params::new(
             algorithm,
             rule.requests_per_unit as i64,

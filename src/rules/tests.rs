@@ -355,16 +355,16 @@ fn rejects_bad_limits_with_line_and_field() {
     rejects(&rl("", "{requests_per_unit: 1}"), 4, "unit", "missing");
     rejects(&rl("", "{unit: day}"), 4, "requests_per_unit", "missing");
     rejects(
-        &rl("", "{unit: day, requests_per_unit: 0}"),
+        &rl("    scope: global\n", "{unit: day, requests_per_unit: 0}"),
         4,
-        "requests_per_unit",
-        "deny every request",
+        "scope",
+        "nothing to allocate",
     );
     rejects(
         &rl("", "{unit: day, requests_per_unit: -3}"),
         4,
         "requests_per_unit",
-        "at least 1",
+        "0 (deny every request) or more",
     );
     rejects(
         &rl("", "{unit: day, requests_per_unit: ten}"),
@@ -588,16 +588,124 @@ fn rejects_bad_limits_with_line_and_field() {
 }
 
 #[test]
-fn duplicate_names_in_a_domain_are_rejected() {
+fn duplicate_names_are_allowed_and_ambiguous_by_name() {
     let text = "\
 domain: d
 descriptors:
   - key: a
     rate_limit: {unit: day, requests_per_unit: 1, name: n}
   - key: b
-    rate_limit: {unit: day, requests_per_unit: 1, name: n}
+    rate_limit: {unit: day, requests_per_unit: 2, name: n}
+  - key: c
+    rate_limit: {unit: day, requests_per_unit: 3, name: m, replaces: [{name: n}]}
 ";
-    rejects(text, 6, "name", "duplicate name");
+    let set = parse(text);
+    let e = set.by_name("d", "n").expect_err("ambiguous");
+    assert_eq!(e.places, ["rules.yaml:4", "rules.yaml:6"]);
+    assert!(e.to_string().contains("by its descriptor"), "{e}");
+    assert!(set.named("d", "n").is_none());
+    assert_eq!(
+        set.by_name("d", "m")
+            .expect("unique")
+            .map(|r| r.requests_per_unit),
+        Some(3)
+    );
+    assert!(set.by_name("d", "x").expect("unknown").is_none());
+    // Each is still reached by its path.
+    let b = set
+        .resolve("d", &[("b", "1")])
+        .and_then(|r| r.rule)
+        .expect("b");
+    assert_eq!(b.requests_per_unit, 2);
+}
+
+#[test]
+fn zero_requests_per_unit_denies_all_without_params() {
+    let set = parse(
+        "domain: d\ndescriptors:\n  - key: ip\n    value: 50.0.0.5\n    rate_limit: {unit: second, requests_per_unit: 0}\n",
+    );
+    let rule = set
+        .resolve("d", &[("ip", "50.0.0.5")])
+        .and_then(|r| r.rule)
+        .expect("rule");
+    assert!(rule.denies_all() && rule.params.is_none() && !rule.unlimited);
+    assert_eq!(rule.unit, Unit::Second);
+}
+
+#[test]
+fn share_threshold_globs_share_one_counter_and_others_count_each_value() {
+    let set = parse(
+        "domain: d
+descriptors:
+  - key: path
+    value: /api/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: path
+    value: /img/*
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: team
+    value: a*
+    share_threshold: true
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 5}
+",
+    );
+    let key = |entries: &[(&str, &str)]| set.resolve("d", entries).expect("resolved").counter_key;
+    assert_eq!(key(&[("path", "/api/a")]), key(&[("path", "/api/b")]));
+    assert_eq!(key(&[("path", "/api/a")]), "path=/api/*");
+    assert_ne!(key(&[("path", "/img/a")]), key(&[("path", "/img/b")]));
+    // Below a shared level, the nested key still counts each of its values.
+    assert_eq!(
+        key(&[("team", "ab"), ("user", "u")]),
+        key(&[("team", "ax"), ("user", "u")])
+    );
+    assert_ne!(
+        key(&[("team", "ab"), ("user", "u")]),
+        key(&[("team", "ab"), ("user", "v")])
+    );
+}
+
+#[test]
+fn metric_keys_follow_detailed_metric_and_value_to_metric() {
+    let set = parse(
+        "domain: d
+descriptors:
+  - key: key1
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: key1
+    value: value1
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: method
+        value: GET
+        rate_limit: {unit: minute, requests_per_unit: 5}
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 5}
+",
+    );
+    let metric = |entries: &[(&str, &str)]| set.resolve("d", entries).expect("resolved").metric_key;
+    assert_eq!(
+        metric(&[("key1", "unspecified")]).as_deref(),
+        Some("key1_unspecified")
+    );
+    // No detailed_metric on the exact node: its own name, no value series.
+    assert_eq!(metric(&[("key1", "value1")]), None);
+    assert_eq!(
+        metric(&[("route", "api"), ("method", "GET")]).as_deref(),
+        Some("route_api.method_GET")
+    );
+    assert_eq!(
+        metric(&[("route", "api"), ("user", "bob")]).as_deref(),
+        Some("route_api.user")
+    );
+    assert_eq!(metric(&[("plain", "x")]), None);
 }
 
 #[test]
@@ -617,7 +725,7 @@ fn every_error_in_every_file_is_reported() {
             .iter()
             .map(|s| s.split(": ").next().unwrap_or(""))
             .collect::<Vec<_>>(),
-        ["one.yaml:4", "one.yaml:5", "two.yaml:4", "two.yaml:4"],
+        ["one.yaml:4", "one.yaml:5", "two.yaml:4"],
         "{shown:#?}"
     );
     assert!(
@@ -771,5 +879,68 @@ fn shadowed_set_counts_apart_and_never_enforces() {
     assert!(
         set.rules()
             .all(|r| !r.shadow_mode && !r.id.starts_with("shadow/"))
+    );
+}
+
+#[test]
+fn limits_lists_several_limits_on_one_descriptor() {
+    let set = parse(
+        "domain: d
+descriptors:
+  - key: customer
+    fail_mode: closed
+    limits:
+      - {algorithm: token_bucket, burst: 20, rate_limit: {unit: second, requests_per_unit: 10, name: per_customer}}
+      - {algorithm: sliding_window_counter, rate_limit: {unit: minute, requests_per_unit: 1000}}
+",
+    );
+    let rule = set
+        .resolve("d", &[("customer", "42")])
+        .and_then(|r| r.rule)
+        .expect("rule");
+    let first = rule.params.as_ref().expect("params");
+    assert_eq!(
+        (first.algorithm(), first.burst()),
+        (Algorithm::TokenBucket, 20)
+    );
+    assert_eq!(rule.also.len(), 1);
+    assert_eq!(rule.also[0].0, Unit::Minute);
+    assert_eq!(rule.also[0].1.algorithm(), Algorithm::SlidingWindowCounter);
+    assert_eq!(
+        (rule.unit_of(0), rule.unit_of(1)),
+        (Unit::Second, Unit::Minute)
+    );
+    assert_eq!(rule.fail_mode, FailMode::Closed);
+    assert_eq!(rule.name.as_deref(), Some("per_customer"));
+
+    let d = "domain: d\ndescriptors:\n  - key: k\n";
+    let two = "    limits:\n      - {rate_limit: {unit: second, requests_per_unit: 1}}\n      - {rate_limit: {unit: minute, requests_per_unit: 5}}\n";
+    rejects(
+        &format!("{d}    scope: global\n{two}"),
+        4,
+        "scope",
+        "not supported beside limits",
+    );
+    rejects(
+        &format!("{d}    rate_limit: {{unit: second, requests_per_unit: 1}}\n{two}"),
+        5,
+        "limits",
+        "not both",
+    );
+    rejects(
+        &format!(
+            "{d}    limits:\n      - {{rate_limit: {{unit: second, requests_per_unit: 1}}}}\n"
+        ),
+        4,
+        "limits",
+        "at least two",
+    );
+    rejects(
+        &format!(
+            "{d}    limits:\n      - {{rate_limit: {{unit: second, requests_per_unit: 0}}}}\n      - {{rate_limit: {{unit: minute, requests_per_unit: 5}}}}\n"
+        ),
+        5,
+        "rate_limit",
+        "1 or more",
     );
 }

@@ -32,9 +32,16 @@ pub fn write_state_key(
     Ok(())
 }
 
-fn write_prefix(out: &mut String, rule: &str, key: &str) -> Result<(), InvalidInput> {
+/// Checks a rule name and a client key against [`MAX_KEY_LEN`] without
+/// building anything: callers that keep a key (caches, demand counts) call
+/// it before they store it.
+pub fn check(rule: &str, key: &str) -> Result<(), InvalidInput> {
     check_len("rule", rule)?;
-    check_len("key", key)?;
+    check_len("key", key)
+}
+
+fn write_prefix(out: &mut String, rule: &str, key: &str) -> Result<(), InvalidInput> {
+    check(rule, key)?;
     out.push_str("mr:{");
     escape_into(rule, out);
     out.push(':');

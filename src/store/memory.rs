@@ -8,11 +8,12 @@ use std::sync::Mutex;
 
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
+use metrics::counter;
 
 use super::{Limit, Store, StoreError, key};
 use crate::algorithm::{
-    Algorithm, Decision, InvalidInput, Micros, Outcome, fixed_window, leaky_bucket, precheck,
-    sliding_counter, sliding_log, token_bucket,
+    Algorithm, Decision, DenyReason, InvalidInput, Micros, Outcome, fixed_window, leaky_bucket,
+    precheck, sliding_counter, sliding_log, token_bucket,
 };
 
 const SHARDS: usize = 64;
@@ -22,15 +23,28 @@ thread_local! {
     static KEY_BUFFER: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
+/// Keys a [`MemoryStore`] holds unless told otherwise.
+pub const DEFAULT_CAPACITY: usize = 1_000_000;
+
 /// An in-process [`Store`]: each key's algorithm state in one of 64 mutex-guarded
 /// shards, so checks of different keys rarely contend. Expired state is dropped
 /// lazily as shards are touched; nothing is shared with other processes.
+///
+/// Bounded: at most `capacity` keys (rounded up to a multiple of 64), each
+/// key at most `key::MAX_KEY_LEN` bytes of rule and key (escaped, at most
+/// 3 × 1,024 + 8 bytes) plus its state (a sliding log's grows with its limit, the
+/// others are a few words). A full shard first drops expired state; if that
+/// frees nothing, a new key is denied with [`DenyReason::StoreFull`] while
+/// the keys already held are decided as usual. Forgetting a held key instead
+/// would reset its count, which a flood of fresh keys could then do at will.
 pub struct MemoryStore {
     /// `std::sync::Mutex`, not tokio's: no `.await` happens while one is held,
     /// and a decision takes well under a microsecond.
     shards: Box<[Mutex<Shard>]>,
     /// One hash per check picks the shard (low bits) and the slot in it.
     hasher: RandomState,
+    /// Keys one shard holds at most.
+    per_shard: usize,
 }
 
 #[derive(Default)]
@@ -52,6 +66,7 @@ struct Entry {
 
 /// Per-key state, one variant per algorithm (the key carries the algorithm's
 /// tag, so a key never changes variant).
+#[derive(Clone)]
 enum State {
     FixedWindow(fixed_window::State),
     SlidingLog(sliding_log::State),
@@ -84,11 +99,17 @@ impl State {
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// An empty store of [`DEFAULT_CAPACITY`] keys.
     pub fn new() -> MemoryStore {
+        MemoryStore::with_capacity(DEFAULT_CAPACITY)
+    }
+
+    /// An empty store holding at most `capacity` keys (see the type's doc).
+    pub fn with_capacity(capacity: usize) -> MemoryStore {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: RandomState::default(),
+            per_shard: capacity.div_ceil(SHARDS).max(1),
         }
     }
 
@@ -140,6 +161,15 @@ impl MemoryStore {
             shard.entries.retain(|e| e.expires_at > now);
             shard.since_sweep = 0;
         }
+        if shard.entries.len() >= self.per_shard
+            && shard.entries.find(hash, |e| *e.key == *state_key).is_none()
+        {
+            shard.entries.retain(|e| e.expires_at > now);
+            shard.since_sweep = 0;
+            if shard.entries.len() >= self.per_shard {
+                return store_full(limit);
+            }
+        }
         let entry = shard
             .entries
             .entry(hash, |e| *e.key == *state_key, |e| e.hash)
@@ -158,6 +188,109 @@ impl MemoryStore {
         outcome.decision
     }
 
+    /// Decides `cost` hits on `key` under every one of `limits` at once, as
+    /// the Redis multi script does: each limit is decided on a copy of its
+    /// state, and the states are kept only when every limit admits, so a
+    /// denial charges none. The shards involved are locked together, in
+    /// index order (so two such checks cannot deadlock). One decision per
+    /// limit, or one denial when a limit cannot take the cost at all or the
+    /// store is full.
+    pub fn check_all_at(
+        &self,
+        limits: &[Limit],
+        key: &str,
+        cost: u64,
+        now: Micros,
+    ) -> Result<Vec<Decision>, InvalidInput> {
+        // A cost of 0 is a check-only peek, which precheck refuses.
+        for limit in limits.iter().filter(|_| cost > 0) {
+            if let Some(denied) = precheck(&limit.params, cost)? {
+                return Ok(vec![denied]);
+            }
+        }
+        let mut keys = Vec::with_capacity(limits.len());
+        for (j, limit) in limits.iter().enumerate() {
+            let mut state_key = String::new();
+            key::write_state_key(&mut state_key, &limit.rule, key, limit.params.algorithm())?;
+            if j > 0 {
+                // `#` never ends a state key's algorithm tag.
+                state_key.push_str(&format!("#{j}"));
+            }
+            let hash = self.hasher.hash_one(&state_key);
+            keys.push((state_key, hash));
+        }
+        let mut order: Vec<usize> = keys.iter().map(|(_, h)| *h as usize % SHARDS).collect();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<_> = order
+            .iter()
+            .map(|&i| self.shards[i].lock().unwrap_or_else(|e| e.into_inner()))
+            .collect();
+        let slot = |hash: u64| order.binary_search(&(hash as usize % SHARDS)).unwrap_or(0);
+        for (state_key, hash) in &keys {
+            let shard = &mut guards[slot(*hash)];
+            if shard.entries.len() >= self.per_shard
+                && shard
+                    .entries
+                    .find(*hash, |e| *e.key == **state_key)
+                    .is_none()
+            {
+                shard.entries.retain(|e| e.expires_at > now);
+                if shard.entries.len() >= self.per_shard {
+                    return Ok(vec![store_full(&limits[0])]);
+                }
+            }
+        }
+        let mut decided = Vec::with_capacity(limits.len());
+        let mut before = Vec::with_capacity(limits.len());
+        for ((state_key, hash), limit) in keys.iter().zip(limits) {
+            let shard = &guards[slot(*hash)];
+            let state = shard
+                .entries
+                .find(*hash, |e| *e.key == **state_key)
+                .filter(|e| e.expires_at > now)
+                .map_or_else(
+                    || State::fresh(limit.params.algorithm()),
+                    |e| e.state.clone(),
+                );
+            let mut after = state.clone();
+            let outcome = after.decide(now, cost, limit);
+            before.push(state);
+            decided.push((after, outcome));
+        }
+        if !decided.iter().all(|(_, o)| o.decision.allowed) {
+            // Nothing is kept; a limit that would have admitted reports what
+            // a check-only peek sees, as the Redis script does.
+            return Ok(decided
+                .into_iter()
+                .zip(before)
+                .zip(limits)
+                .map(|(((_, o), mut state), limit)| match o.decision.allowed {
+                    true => state.decide(now, 0, limit).decision,
+                    false => o.decision,
+                })
+                .collect());
+        }
+        {
+            for ((state_key, hash), (state, outcome)) in keys.iter().zip(&decided) {
+                let shard = &mut guards[slot(*hash)];
+                let entry = shard
+                    .entries
+                    .entry(*hash, |e| *e.key == **state_key, |e| e.hash)
+                    .or_insert_with(|| Entry {
+                        key: state_key.as_str().into(),
+                        hash: *hash,
+                        state: state.clone(),
+                        expires_at: 0,
+                    })
+                    .into_mut();
+                entry.state = state.clone();
+                entry.expires_at = now + outcome.keep_for_us;
+            }
+        }
+        Ok(decided.into_iter().map(|(_, o)| o.decision).collect())
+    }
+
     /// Keys currently held, expired or not (for tests and metrics).
     pub fn len(&self) -> usize {
         self.shards
@@ -169,6 +302,21 @@ impl MemoryStore {
     /// Whether no key is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// The denial of a key a full store cannot take: retry once held state
+/// has expired (a second is a guess; the store cannot know when).
+fn store_full(limit: &Limit) -> Decision {
+    counter!("meridian_memory_store_full_total", "rule" => limit.rule.clone()).increment(1);
+    Decision {
+        allowed: false,
+        limit: limit.params.limit(),
+        remaining: 0,
+        reset_after_us: 1_000_000,
+        retry_after_us: 1_000_000,
+        delay_us: 0,
+        reason: Some(DenyReason::StoreFull),
     }
 }
 
@@ -255,6 +403,30 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(store.len(), 2000);
+    }
+
+    #[test]
+    fn a_flood_of_new_keys_cannot_grow_a_full_store_or_reset_held_keys() {
+        let store = MemoryStore::with_capacity(SHARDS * 10);
+        let l = limit(Algorithm::FixedWindow, 2);
+        // A key in use before the flood: 2 of 2 used.
+        assert!(store.check_at(&l, "held", 1, 0).unwrap().allowed);
+        assert!(store.check_at(&l, "held", 1, 0).unwrap().allowed);
+        let mut refused = 0;
+        for i in 0..100_000 {
+            let d = store.check_at(&l, &format!("flood{i}"), 1, 0).unwrap();
+            if d.reason == Some(DenyReason::StoreFull) {
+                refused += 1;
+            }
+        }
+        assert!(store.len() <= SHARDS * 10, "{} keys held", store.len());
+        assert!(refused >= 100_000 - SHARDS * 10, "{refused} refused");
+        // The held key keeps its count: still denied, and over limit, not full.
+        let d = store.check_at(&l, "held", 1, 0).unwrap();
+        assert_eq!((d.allowed, d.reason), (false, Some(DenyReason::OverLimit)));
+        // Once the window is over, expired keys make room again.
+        let later = 120_000_000;
+        assert!(store.check_at(&l, "fresh", 1, later).unwrap().allowed);
     }
 
     #[test]

@@ -104,6 +104,26 @@ pub enum AnyStore {
 }
 
 impl AnyStore {
+    /// Decides `cost` hits under every one of `limits` (a rule's `limits:`)
+    /// atomically: admitted only when all admit, and a denial charges none.
+    /// One decision per limit (or a single denial; see the stores).
+    pub async fn check_all(
+        &self,
+        limits: &[Limit],
+        key: &str,
+        cost: u64,
+        now: Option<Micros>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        match self {
+            AnyStore::Memory(s) => {
+                let now = now.unwrap_or_else(crate::clock::now_unix_us);
+                Ok(s.check_all_at(limits, key, cost, now)?)
+            }
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(s) => s.check_all(limits, key, cost, now).await,
+        }
+    }
+
     /// Whether the store answers (readiness).
     pub async fn ping(&self) -> Result<(), StoreError> {
         match self {

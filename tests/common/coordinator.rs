@@ -27,6 +27,11 @@ pub struct Options {
     pub extra_args: Vec<String>,
     /// Mutual TLS with certificates from `meridian certs` (else `--insecure`).
     pub tls: bool,
+    /// `--advertise-host` for every node: members are then named
+    /// `HOST:PORT` (in `--init` too) instead of by their listen address.
+    pub advertise_host: Option<String>,
+    /// More environment variables for every node.
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for Options {
@@ -41,6 +46,8 @@ impl Default for Options {
             shared_rule_floor: 60.0,
             extra_args: Vec::new(),
             tls: false,
+            advertise_host: None,
+            env: Vec::new(),
         }
     }
 }
@@ -159,7 +166,10 @@ impl Cluster {
         let init: Vec<String> = cluster
             .nodes
             .values()
-            .map(|n| format!("{}={}@{}", n.id, n.raft_addr, n.http_addr))
+            .map(|n| {
+                let (raft, http) = cluster.advertised(n);
+                format!("{}={raft}@{http}", n.id)
+            })
             .collect();
         let init = init.join(",");
         for id in 1..=n {
@@ -190,8 +200,25 @@ impl Cluster {
         self.nodes.insert(id, node);
     }
 
+    /// The raft and HTTP addresses peers dial `node` by.
+    fn advertised(&self, node: &Node) -> (String, String) {
+        let Some(host) = &self.options.advertise_host else {
+            return (node.raft_addr.clone(), node.http_addr.clone());
+        };
+        let port = |addr: &str| addr.rsplit(':').next().unwrap_or("").to_owned();
+        (
+            format!("{host}:{}", port(&node.raft_addr)),
+            format!("{host}:{}", port(&node.http_addr)),
+        )
+    }
+
     fn spawn(&mut self, id: u64, extra: &[String]) {
         let o = self.options.clone();
+        let advertise: Vec<String> = o
+            .advertise_host
+            .iter()
+            .flat_map(|h| ["--advertise-host".to_string(), h.clone()])
+            .collect();
         let transport = match &self.pki {
             Some(pki) => pki.flags(&format!("node-{id}")),
             None => vec!["--insecure".to_string()],
@@ -218,9 +245,11 @@ impl Cluster {
             .args(["--snapshot-keep-logs", &o.snapshot_keep_logs.to_string()])
             .args(["--shared-rule-floor", &o.shared_rule_floor.to_string()])
             .args(&transport)
+            .args(&advertise)
             .args(&o.extra_args)
             .args(extra)
             .env("RUST_LOG", "info,openraft=warn")
+            .envs(o.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log handle"))
             .stderr(log)
@@ -270,6 +299,12 @@ impl Cluster {
         false
     }
 
+    /// `--shared-rule-floor` for nodes started from now on (an operator
+    /// raising the floor and restarting).
+    pub fn set_shared_rule_floor(&mut self, per_minute: f64) {
+        self.options.shared_rule_floor = per_minute;
+    }
+
     /// Restarts a stopped node from its data dir (no --init, no --join).
     pub fn restart(&mut self, id: u64) {
         self.spawn(id, &[]);
@@ -280,6 +315,13 @@ impl Cluster {
         self.define(id);
         let url = self.node(via).url();
         self.spawn(id, &["--join".to_string(), url]);
+    }
+
+    /// Starts a new node that waits to be added (no --init, no --join), as
+    /// an operator starts one before `meridian ctl cluster add`.
+    pub fn start_unjoined(&mut self, id: u64) {
+        self.define(id);
+        self.spawn(id, &[]);
     }
 
     /// Removes the node from the Raft membership (through node `via`), then stops it.

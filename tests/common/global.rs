@@ -61,6 +61,32 @@ descriptors:
     )
 }
 
+/// Domain `api`, two global fixed-window rules of `limit` per 4 s with a
+/// fallback of half the static share, failing closed: `strict`
+/// (`partition: strict`) and `avail` (`partition: available`).
+pub fn strict_and_available(limit: u64) -> String {
+    let rule = |name: &str, partition: &str| {
+        format!(
+            "  - key: {name}
+    scope: global
+    fail_mode: closed
+    partition: {partition}
+    fallback: 0.5
+    algorithm: fixed_window
+    period: 4s
+    rate_limit:
+      name: {name}
+      requests_per_unit: {limit}
+"
+        )
+    };
+    format!(
+        "domain: api\ndescriptors:\n{}{}",
+        rule("strict", "strict"),
+        rule("avail", "available")
+    )
+}
+
 pub fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -184,6 +210,24 @@ impl World {
         }
     }
 
+    /// `POST /api/v1/drills` with `body` through the leader: (status, answer).
+    pub async fn start_drill(&self, body: Value) -> (u16, Value) {
+        let leader = self.cluster.wait_leader(Duration::from_secs(20)).await;
+        self.cluster
+            .send(leader, reqwest::Method::POST, "/api/v1/drills", Some(body))
+            .await
+    }
+
+    /// `POST /api/v1/drills/{id}/stop` through the leader: (status, answer).
+    pub async fn stop_drill(&self, id: u64) -> (u16, Value) {
+        let leader = self.cluster.wait_leader(Duration::from_secs(20)).await;
+        let path = format!("/api/v1/drills/{id}/stop");
+        let body = Some(serde_json::json!({}));
+        self.cluster
+            .send(leader, reqwest::Method::POST, &path, body)
+            .await
+    }
+
     /// The split's granted value per region for `rule`.
     pub async fn split(&self, rule: &str) -> BTreeMap<String, u64> {
         let body = self.allocations(&format!("rule={rule}")).await;
@@ -218,9 +262,16 @@ pub async fn limiter_epoch(limiter: &LimiterProcess) -> u64 {
         return 0;
     };
     let text = r.text().await.unwrap_or_default();
+    // The series carries the limiter's `region` label.
     text.lines()
-        .find_map(|l| l.strip_prefix("meridian_allocation_epoch "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
+        .find_map(|l| {
+            let rest = l.strip_prefix("meridian_allocation_epoch")?;
+            let value = match rest.strip_prefix('{') {
+                Some(labelled) => labelled.split_once("} ")?.1,
+                None => rest.strip_prefix(' ')?,
+            };
+            value.trim().parse::<f64>().ok()
+        })
         .map_or(0, |v| v as u64)
 }
 

@@ -31,7 +31,17 @@ impl LimiterProcess {
         std::fs::write(&path, rules).expect("write rules");
         let config = ["--config", path.to_str().expect("utf-8 temp path")];
         let all: Vec<&str> = config.iter().chain(args).copied().collect();
-        LimiterProcess::spawn(&all, path.clone(), dir, false)
+        LimiterProcess::spawn(&all, path.clone(), dir, false, &[])
+    }
+
+    /// [`LimiterProcess::start`] with extra environment variables.
+    pub fn start_with_env(rules: &str, args: &[&str], env: &[(&str, &str)]) -> LimiterProcess {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("rules.yaml");
+        std::fs::write(&path, rules).expect("write rules");
+        let config = ["--config", path.to_str().expect("utf-8 temp path")];
+        let all: Vec<&str> = config.iter().chain(args).copied().collect();
+        LimiterProcess::spawn(&all, path.clone(), dir, false, env)
     }
 
     /// [`LimiterProcess::start`] with its info logs on a pipe (not a
@@ -42,7 +52,7 @@ impl LimiterProcess {
         std::fs::write(&path, rules).expect("write rules");
         let config = ["--config", path.to_str().expect("utf-8 temp path")];
         let all: Vec<&str> = config.iter().chain(args).copied().collect();
-        LimiterProcess::spawn(&all, path.clone(), dir, true)
+        LimiterProcess::spawn(&all, path.clone(), dir, true, &[])
     }
 
     /// Starts a limiter with exactly `args` (e.g. `--coordinator …` instead of
@@ -50,7 +60,7 @@ impl LimiterProcess {
     pub fn start_without_rules(args: &[&str]) -> LimiterProcess {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("rules.yaml");
-        LimiterProcess::spawn(args, path, dir, false)
+        LimiterProcess::spawn(args, path, dir, false, &[])
     }
 
     /// [`LimiterProcess::start_without_rules`] with its info logs on a pipe,
@@ -58,10 +68,16 @@ impl LimiterProcess {
     pub fn start_without_rules_logging(args: &[&str]) -> LimiterProcess {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("rules.yaml");
-        LimiterProcess::spawn(args, path, dir, true)
+        LimiterProcess::spawn(args, path, dir, true, &[])
     }
 
-    fn spawn(args: &[&str], path: PathBuf, dir: TempDir, capture_logs: bool) -> LimiterProcess {
+    fn spawn(
+        args: &[&str],
+        path: PathBuf,
+        dir: TempDir,
+        capture_logs: bool,
+        env: &[(&str, &str)],
+    ) -> LimiterProcess {
         let log = if capture_logs {
             "meridian=info".to_string()
         } else {
@@ -85,6 +101,7 @@ impl LimiterProcess {
             .args(insecure)
             .args(args)
             .env("RUST_LOG", log)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(if capture_logs {
                 Stdio::piped()
@@ -153,6 +170,11 @@ impl LimiterProcess {
         logs.read_to_string(&mut text)
             .expect("read the limiter's stderr");
         (status, text)
+    }
+
+    /// The exit status once the process has exited on its own.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
     }
 
     /// Whether the process is still running.

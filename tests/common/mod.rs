@@ -7,6 +7,7 @@
 pub mod coordinator;
 pub mod global;
 pub mod proxy;
+pub mod sentinel;
 pub mod tls;
 
 use std::io::{Read, Write};
@@ -293,15 +294,28 @@ fn ping(port: u16) -> bool {
             .is_ok_and(|n| buf[..n].starts_with(b"+PONG") || buf[..n].starts_with(b"-NOAUTH"))
 }
 
-/// A real Redis Cluster of three masters (no replicas), slots split evenly.
+/// A real Redis Cluster of three masters, slots split evenly; with
+/// [`RedisCluster::start_with_replicas`], each master has a replica.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
 
 impl RedisCluster {
     pub fn start() -> RedisCluster {
+        RedisCluster::start_nodes(0, "5000")
+    }
+
+    /// Three masters and three replicas, a node failed after 500 ms without
+    /// an answer, so a killed master's replica takes over within seconds.
+    /// Replicas may take over however stale they are (validity factor 0):
+    /// a test measures what a failover loses, it does not avoid it.
+    pub fn start_with_replicas() -> RedisCluster {
+        RedisCluster::start_nodes(1, "500")
+    }
+
+    fn start_nodes(replicas: usize, node_timeout_ms: &str) -> RedisCluster {
         require("redis-cli");
-        let nodes: Vec<RedisServer> = (0..3)
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|_| {
                 RedisServer::start_with(&[
                     "--cluster-enabled",
@@ -309,7 +323,9 @@ impl RedisCluster {
                     "--cluster-config-file",
                     "nodes.conf",
                     "--cluster-node-timeout",
-                    "5000",
+                    node_timeout_ms,
+                    "--cluster-replica-validity-factor",
+                    "0",
                 ])
             })
             .collect();
@@ -320,7 +336,7 @@ impl RedisCluster {
         let out = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("run redis-cli --cluster create");
         assert!(
@@ -330,7 +346,41 @@ impl RedisCluster {
         );
         let cluster = RedisCluster { nodes };
         cluster.wait_ok(Duration::from_secs(20));
+        if replicas > 0 {
+            cluster.wait_replicas_synced(Duration::from_secs(20));
+        }
         cluster
+    }
+
+    /// Indices of the nodes that answer as masters now (a killed node does not).
+    pub fn masters(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| self.replication_info(i).contains("role:master"))
+            .collect()
+    }
+
+    /// `INFO replication` of node `index`, empty when it does not answer.
+    pub fn replication_info(&self, index: usize) -> String {
+        redis::Client::open(self.nodes[index].url())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))
+            .and_then(|mut c| redis::cmd("INFO").arg("replication").query(&mut c))
+            .unwrap_or_default()
+    }
+
+    /// Waits until every master has a replica whose link is up.
+    fn wait_replicas_synced(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let synced = self.masters().iter().all(|&i| {
+                let info = self.replication_info(i);
+                info.contains("connected_slaves:1") && info.contains("state=online")
+            });
+            if synced {
+                return;
+            }
+            assert!(Instant::now() < deadline, "replicas did not sync");
+            sleep(Duration::from_millis(100));
+        }
     }
 
     /// Waits until every node reports the cluster healthy and agrees on all slots.
@@ -392,4 +442,24 @@ pub async fn clear_of_window_boundary(period: Duration, room: Duration) {
         // the same instant.
         tokio::time::sleep(left + Duration::from_millis(50)).await;
     }
+}
+
+/// About 100 KB of nesting as an attacker or a broken generator writes it:
+/// block lists (`- - - …`), flow lists (`[[[…`) and flow maps (`{a: {a: …`),
+/// each named for failure messages.
+pub fn deeply_nested_rules() -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "block",
+            format!("domain: api\ndescriptors:\n{}x\n", "- ".repeat(50_000)),
+        ),
+        (
+            "flow list",
+            format!("domain: api\ndescriptors: {}\n", "[".repeat(100_000)),
+        ),
+        (
+            "flow map",
+            format!("domain: api\ndescriptors: {}\n", "{a: ".repeat(25_000)),
+        ),
+    ]
 }

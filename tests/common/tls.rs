@@ -50,6 +50,8 @@ impl Pki {
             &id.to_string(),
             "--host",
             "127.0.0.1",
+            "--host",
+            "localhost",
         ]);
         format!("node-{id}")
     }

@@ -61,7 +61,8 @@ fn shares_json(shares: &Shares) -> Value {
 }
 
 /// `GET /api/v1/allocations[?rule=R[&key=K]][&history=N]`: every global
-/// rule's split; one rule with its key entries; or one key's allocation per
+/// rule's split with the hits its regions reported to this node while it
+/// led (`hits`: asked and allowed per region); one rule with its key entries; or one key's allocation per
 /// region with demand, leases and the epochs that changed it.
 pub(super) async fn get_allocations(
     State(api): State<Api>,
@@ -108,12 +109,16 @@ pub(super) async fn get_allocations(
                         "demand": r.demand,
                         "fallback": r.fallback,
                         "key_entries": r.keys.len(),
+                        "hits": api.allocator.hits(id),
                     }),
                 )
             })
             .collect();
         let mut body = head;
         body["rules"] = json!(rules);
+        // Hits are counted by the leader as reports arrive: a follower's
+        // are empty or stale, `?consistent=true` reads the leader's.
+        body["hits_counted_here"] = json!(api.allocator.is_leader());
         return Json(body).into_response();
     };
     let Some(rule) = state.rules.get(&rule_id) else {

@@ -6,12 +6,17 @@
 //! node's applied state unless `?consistent=true` (`read.rs`).
 //!
 //! One file per resource: `rules.rs`, `regions.rs`, `allocations.rs`,
-//! `cluster.rs`; the route table below names every endpoint.
+//! `history.rs`, `cluster.rs`, `events.rs`; the dashboard's page is
+//! `dashboard.rs`; the route table below names every endpoint.
 
 mod allocations;
 mod auth;
 mod cluster;
+mod dashboard;
+mod drills;
 mod errors;
+mod events;
+mod history;
 mod listener;
 mod read;
 mod regions;
@@ -34,6 +39,7 @@ pub use self::listener::{CappedListener, Peer};
 
 use self::errors::ApiError;
 use super::allocator::Allocator;
+use super::live::Live;
 use super::node::{FORWARDED_HEADER, Node};
 
 /// What every handler shares. Cloned per request, which is cheap (`Arc`s, a
@@ -45,6 +51,9 @@ pub struct Api {
     /// For what only the allocator knows and the applied state does not
     /// hold: the pods heard and the keys tracked (`/allocations`, `/leases`).
     pub allocator: Arc<Allocator>,
+    /// The dashboard's history and live updates (`/api/v1/history`,
+    /// `/api/v1/events`).
+    pub live: Arc<Live>,
     /// Renders `/metrics`.
     pub prometheus: PrometheusHandle,
     /// `--shared-rule-floor`: see `validation::validate`.
@@ -57,11 +66,15 @@ pub struct Api {
 /// The admin API's routes, with request latency recorded per route.
 pub fn router(api: Api) -> Router {
     Router::new()
+        .route("/", get(dashboard::index))
+        .route("/assets/app.js", get(dashboard::script))
+        .route("/assets/style.css", get(dashboard::style))
         .route("/healthz", get(healthz))
         .route("/metrics", get(prometheus))
         .route("/api/v1/rules", get(rules::get_rules).put(rules::put_rules))
         .route("/api/v1/rules/versions", get(rules::list_versions))
         .route("/api/v1/rules/versions/{n}", get(rules::get_version))
+        .route("/api/v1/rules/diff", get(rules::diff))
         .route("/api/v1/rules/rollback", post(rules::rollback))
         .route("/api/v1/rules/rollout", post(rules::rollout))
         .route("/api/v1/regions", get(regions::list_regions))
@@ -71,8 +84,17 @@ pub fn router(api: Api) -> Router {
                 .put(regions::put_region)
                 .delete(regions::delete_region),
         )
+        .route(
+            "/api/v1/drills",
+            get(drills::list_drills).post(drills::start_drill),
+        )
+        .route("/api/v1/drills/{id}", get(drills::get_drill))
+        .route("/api/v1/drills/{id}/stop", post(drills::stop_drill))
+        .route("/api/v1/drills/{id}/report", get(drills::get_report))
         .route("/api/v1/allocations", get(allocations::get_allocations))
         .route("/api/v1/leases", get(allocations::get_leases))
+        .route("/api/v1/history", get(history::get_history))
+        .route("/api/v1/events", get(events::events))
         .route("/api/v1/cluster", get(cluster::cluster))
         .route("/api/v1/cluster/nodes", post(cluster::add_node))
         .route("/api/v1/cluster/nodes/{id}", delete(cluster::remove_node))

@@ -76,35 +76,44 @@ async fn read_mode(api: &Api, uri: &Uri, headers: &HeaderMap) -> Result<&'static
 }
 
 async fn relay_read(api: &Api, leader: &Member, uri: &Uri) -> Response {
+    match relay_get(api, leader, uri, None).await {
+        Ok(response) => response,
+        Err(e) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("leader unreachable for a consistent read: {e}; retry"),
+        )
+        .into_response(),
+    }
+}
+
+/// Sends this GET (same path and query) to the leader, marked as relayed,
+/// and returns the leader's answer as is; `Err` when the leader could not be
+/// reached or its answer not read, or not within `deadline` (else the
+/// node's client timeout).
+pub(super) async fn relay_get(
+    api: &Api,
+    leader: &Member,
+    uri: &Uri,
+    deadline: Option<std::time::Duration>,
+) -> Result<Response, String> {
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
     let url = format!("{}{path}", api.node.transport.url(&leader.http_addr));
-    let answer = api
-        .node
-        .http
-        .get(url)
+    let mut request = api.node.http.get(url);
+    if let Some(deadline) = deadline {
+        request = request.timeout(deadline);
+    }
+    let response = request
         .header(FORWARDED_HEADER, "1")
         // Nodes share the admin token; it also passes a read token check.
         .bearer_auth(&api.node.admin_token)
         .send()
-        .await;
-    let response = match answer {
-        Ok(r) => r,
-        Err(e) => {
-            return ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("leader unreachable for a consistent read: {e}; retry"),
-            )
-            .into_response();
-        }
-    };
+        .await
+        .map_err(|e| e.to_string())?;
     let status =
         StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    match response.bytes().await {
-        Ok(bytes) => (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
-        Err(e) => ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            format!("reading leader answer: {e}"),
-        )
-        .into_response(),
-    }
+    let bytes = response
+        .bytes()
+        .await
+        .map_err(|e| format!("reading leader answer: {e}"))?;
+    Ok((status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response())
 }

@@ -53,7 +53,9 @@ fn default_region_state() -> RegionState {
     RegionState::Active
 }
 
-fn check_region_name(name: &str) -> Result<(), ApiError> {
+/// Refuses a region name limiters could not report under, naming `field`
+/// (the path's `name`, a drill body's `region`).
+pub(super) fn check_region_name(name: &str, field: &str) -> Result<(), ApiError> {
     if crate::allocation::valid_region_name(name) {
         Ok(())
     } else {
@@ -61,7 +63,7 @@ fn check_region_name(name: &str) -> Result<(), ApiError> {
             StatusCode::UNPROCESSABLE_ENTITY,
             format!("region name {name:?} must be 1–64 characters of a-z, 0-9, '-' or '_'"),
         )
-        .with("field", json!("name")))
+        .with("field", json!(field)))
     }
 }
 
@@ -73,7 +75,7 @@ pub(super) async fn put_region(
     headers: HeaderMap,
     AdminBody(bytes): AdminBody,
 ) -> ApiResult {
-    check_region_name(&name)?;
+    check_region_name(&name, "name")?;
     let b: RegionBody = parse_json(&bytes)?;
     if !(b.weight.is_finite() && b.weight > 0.0) {
         return Err(ApiError::new(

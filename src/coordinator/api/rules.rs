@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 
 use axum::Json;
-use axum::extract::{FromRequestParts, Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -18,9 +19,9 @@ use super::errors::{ApiError, ApiResult};
 use super::read::Read;
 use super::write::commit;
 use crate::clock::now_unix_ms;
-use crate::coordinator::state::{Command, Origin, RuleSetVersion, Stage};
+use crate::coordinator::state::{Command, Origin, Outcome, RuleSetVersion, Stage};
 use crate::coordinator::validation::validate;
-use crate::rules::RuleFile;
+use crate::rules::{MAX_DEPTH, RuleFile, check_depth};
 
 fn stage_json(stage: &Stage) -> (&'static str, Vec<String>) {
     match stage {
@@ -145,6 +146,21 @@ pub(super) async fn put_rules(
             Stage::All,
         )
     };
+    // Refused before any parser runs, as a malformed body (400), not as
+    // invalid rules (422): validation would reject it too, but only after
+    // reading it.
+    for (name, text) in &files {
+        if let Err(deep) = check_depth(text, MAX_DEPTH) {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("{name}:{}: yaml: {deep}", deep.line),
+            )
+            .with("file", json!(name))
+            .with("line", json!(deep.line))
+            .with("depth", json!(deep.depth))
+            .with("max_depth", json!(deep.limit)));
+        }
+    }
     let rule_files: Vec<RuleFile> = files
         .iter()
         .map(|(name, text)| RuleFile {
@@ -219,6 +235,59 @@ pub(super) async fn get_version(VersionNumber(n): VersionNumber, read: Read) -> 
     }
 }
 
+/// The query of `GET /api/v1/rules/diff`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DiffQuery {
+    from: u64,
+    to: u64,
+    #[expect(dead_code, reason = "read by the Read extractor, not from here")]
+    consistent: Option<bool>,
+}
+
+/// `GET /api/v1/rules/diff?from=A&to=B`: what changed from version A to B,
+/// as `meridian ctl rules diff A B` prints it (`rules::diff`), computed on a
+/// blocking thread (a diff is quadratic in the files' lines, and capped).
+pub(super) async fn diff(query: Result<Query<DiffQuery>, QueryRejection>, read: Read) -> Response {
+    let Query(q) = match query {
+        Ok(q) => q,
+        Err(e) => {
+            return ApiError::new(StatusCode::BAD_REQUEST, format!("query: {e}"))
+                .with("allowed", json!(["from", "to"]))
+                .into_response();
+        }
+    };
+    let versions = &read.state.registry.versions;
+    let side = |n: u64, field: &str| {
+        versions.get(&n).map(|v| v.files.clone()).ok_or_else(|| {
+            ApiError::new(StatusCode::NOT_FOUND, format!("{field}: no version {n}"))
+                .with("field", json!(field))
+                .with("versions", json!(versions.keys().collect::<Vec<_>>()))
+        })
+    };
+    let (old, new) = match (side(q.from, "from"), side(q.to, "to")) {
+        (Ok(old), Ok(new)) => (old, new),
+        (Err(e), _) | (_, Err(e)) => return e.into_response(),
+    };
+    let (from, to) = (q.from, q.to);
+    let text = tokio::task::spawn_blocking(move || {
+        crate::rules::diff::diff(&format!("{from}/"), &old, &format!("{to}/"), &new)
+    })
+    .await;
+    match text {
+        Ok(diff) => Json(json!({
+            "consistency": read.consistency,
+            "from": from,
+            "to": to,
+            "diff": diff,
+        }))
+        .into_response(),
+        Err(e) => {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("diff: {e}")).into_response()
+        }
+    }
+}
+
 /// The body of `POST /api/v1/rules/rollback`.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -229,6 +298,12 @@ struct RollbackBody {
 }
 
 /// `POST /api/v1/rules/rollback`: an empty body means `{}`.
+///
+/// The target is validated as a put is (parser and `--shared-rule-floor`):
+/// a version accepted under older rules is not enforced again if today's
+/// would refuse it. The target is resolved from this node's state (the
+/// leader's when it leads) and proposed by number, so the version validated
+/// is the one copied.
 pub(super) async fn rollback(
     State(api): State<Api>,
     headers: HeaderMap,
@@ -239,11 +314,39 @@ pub(super) async fn rollback(
     } else {
         parse_json(&bytes)?
     };
+    // On the leader this waits until everything committed is applied; a
+    // follower (or a leader without quorum, whose write fails anyway) uses
+    // what it has applied.
+    let _fresh = api.node.linearizable().await;
+    let state = api.node.applied.borrow().clone();
+    let target = state
+        .registry
+        .rollback_target(b.to)
+        .map_err(|refused| match refused {
+            Outcome::NotFound { reason } => ApiError::new(StatusCode::NOT_FOUND, reason),
+            Outcome::Rejected { reason } => ApiError::new(StatusCode::CONFLICT, reason),
+            other => ApiError::new(StatusCode::CONFLICT, format!("{other:?}")),
+        })?;
+    let files = target.rule_files();
+    if let Err(issues) = validate(&files, api.shared_rule_floor) {
+        let first = issues.first().map_or_else(String::new, |i| {
+            format!("; {}:{}: {}: {}", i.file, i.line, i.field, i.reason)
+        });
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!(
+                "rollback to version {} refused: its rules fail today's validation{first}",
+                target.number
+            ),
+        )
+        .with("version", json!(target.number))
+        .with("issues", json!(issues)));
+    }
     commit(
         &api,
         &headers,
         Command::Rollback {
-            to: b.to,
+            to: Some(target.number),
             at_unix_ms: now_unix_ms(),
         },
     )

@@ -199,9 +199,21 @@ impl RaftService {
     }
 }
 
-fn decode<T: DeserializeOwned>(request: Request<RaftPayload>) -> Result<T, Status> {
-    bincode::deserialize(&request.into_inner().data)
-        .map_err(|e| Status::invalid_argument(format!("undecodable Raft payload: {e}")))
+/// Decodes one RPC's bincode payload; `rpc` names it in the refusal, with
+/// the payload's length (bincode's errors say what was wrong, not where).
+/// Safe on any bytes: lengths are checked against the payload before
+/// anything is read or allocated past it, and no payload type is recursive.
+fn decode<T: DeserializeOwned>(request: Request<RaftPayload>, rpc: &str) -> Result<T, Status> {
+    decode_payload(&request.into_inner().data, rpc)
+}
+
+fn decode_payload<T: DeserializeOwned>(data: &[u8], rpc: &str) -> Result<T, Status> {
+    bincode::deserialize(data).map_err(|e| {
+        Status::invalid_argument(format!(
+            "undecodable {rpc} payload ({} bytes): {e}",
+            data.len()
+        ))
+    })
 }
 
 fn encode<T: Serialize>(reply: &T) -> Result<Response<RaftPayload>, Status> {
@@ -280,7 +292,7 @@ impl Caller {
 impl raft_server::Raft for RaftService {
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let caller = Caller::of(&request);
-        let rpc: VoteRequest<NodeId> = decode(request)?;
+        let rpc: VoteRequest<NodeId> = decode(request, "vote")?;
         self.admit("vote", caller, &rpc.vote)?;
         encode(&self.raft.vote(rpc).await)
     }
@@ -290,7 +302,7 @@ impl raft_server::Raft for RaftService {
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
         let caller = Caller::of(&request);
-        let rpc: AppendEntriesRequest<TypeConfig> = decode(request)?;
+        let rpc: AppendEntriesRequest<TypeConfig> = decode(request, "append_entries")?;
         self.admit("append_entries", caller, &rpc.vote)?;
         let leader_commit = rpc.leader_commit.map_or(0, |l| l.index);
         let reply = self.raft.append_entries(rpc).await;
@@ -307,8 +319,153 @@ impl raft_server::Raft for RaftService {
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
         let caller = Caller::of(&request);
-        let rpc: InstallSnapshotRequest<TypeConfig> = decode(request)?;
+        let rpc: InstallSnapshotRequest<TypeConfig> = decode(request, "install_snapshot")?;
         self.admit("install_snapshot", caller, &rpc.vote)?;
         encode(&self.raft.install_snapshot(rpc).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use openraft::{CommittedLeaderId, EntryPayload, LogId, SnapshotMeta, StoredMembership};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::coordinator::raft::Entry;
+    use crate::coordinator::state::{Command, RegionState, Stage};
+
+    fn log_id(term: u64, index: u64) -> LogId<NodeId> {
+        LogId::new(CommittedLeaderId::new(term, 1), index)
+    }
+
+    /// Valid payloads of each RPC, with the commands a leader replicates.
+    fn payloads(index: u64, text: String) -> Vec<(&'static str, Vec<u8>)> {
+        let vote = Vote::new(3, 1);
+        let commands = [
+            Command::PutRules {
+                files: BTreeMap::from([("rules.yaml".to_owned(), text)]),
+                stage: Stage::Canary {
+                    regions: vec!["eu".into()],
+                },
+                at_unix_ms: 1,
+            },
+            Command::PutRegion {
+                name: "eu".into(),
+                weight: 1.5,
+                state: RegionState::Draining,
+                at_unix_ms: 2,
+            },
+            Command::Rollback {
+                to: Some(index),
+                at_unix_ms: 3,
+            },
+        ];
+        let entries: Vec<Entry> = commands
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| Entry {
+                log_id: log_id(3, index + i as u64),
+                payload: EntryPayload::Normal(c),
+            })
+            .collect();
+        let append = AppendEntriesRequest::<TypeConfig> {
+            vote,
+            prev_log_id: Some(log_id(2, index)),
+            entries,
+            leader_commit: Some(log_id(2, index)),
+        };
+        let snapshot = InstallSnapshotRequest::<TypeConfig> {
+            vote,
+            meta: SnapshotMeta {
+                last_log_id: Some(log_id(3, index)),
+                last_membership: StoredMembership::default(),
+                snapshot_id: format!("s-{index}"),
+            },
+            offset: 0,
+            data: vec![1, 2, 3],
+            done: true,
+        };
+        let ask = VoteRequest::new(vote, Some(log_id(2, index)));
+        let bytes = |r: Result<Vec<u8>, bincode::Error>| r.expect("encode");
+        vec![
+            ("vote", bytes(bincode::serialize(&ask))),
+            ("append_entries", bytes(bincode::serialize(&append))),
+            ("install_snapshot", bytes(bincode::serialize(&snapshot))),
+        ]
+    }
+
+    /// Decodes as the service would; a refusal must be an invalid-argument
+    /// status naming the RPC and the payload's length.
+    fn decodes_or_names(rpc: &str, data: &[u8]) -> Result<bool, TestCaseError> {
+        let result = match rpc {
+            "vote" => decode_payload::<VoteRequest<NodeId>>(data, rpc).map(|_| ()),
+            "append_entries" => {
+                decode_payload::<AppendEntriesRequest<TypeConfig>>(data, rpc).map(|_| ())
+            }
+            _ => decode_payload::<InstallSnapshotRequest<TypeConfig>>(data, rpc).map(|_| ()),
+        };
+        match result {
+            Ok(()) => Ok(true),
+            Err(status) => {
+                prop_assert_eq!(status.code(), tonic::Code::InvalidArgument);
+                let prefix = format!("undecodable {rpc} payload ({} bytes): ", data.len());
+                prop_assert!(
+                    status.message().starts_with(&prefix),
+                    "{}",
+                    status.message()
+                );
+                Ok(false)
+            }
+        }
+    }
+
+    #[test]
+    fn valid_payloads_decode() {
+        for (rpc, data) in payloads(7, "domain: api\n".into()) {
+            assert_eq!(decodes_or_names(rpc, &data).ok(), Some(true), "{rpc}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn random_bytes_never_panic_and_refusals_name_the_rpc(
+            data in prop::collection::vec(any::<u8>(), 0..512),
+        ) {
+            for rpc in ["vote", "append_entries", "install_snapshot"] {
+                decodes_or_names(rpc, &data)?;
+            }
+        }
+
+        /// Flipped, cut and inserted bytes in real payloads, including length
+        /// prefixes turned huge: decoded or refused, never a panic or an
+        /// allocation of what the prefix claims.
+        #[test]
+        fn edited_payloads_never_panic_and_refusals_name_the_rpc(
+            index in any::<u64>(),
+            text in ".{0,40}",
+            edits in prop::collection::vec(
+                (any::<prop::sample::Index>(), any::<u8>(), 0u8..3),
+                1..6,
+            ),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            for (rpc, mut data) in payloads(index, text.clone()) {
+                for (at, byte, op) in &edits {
+                    let at = at.index(data.len());
+                    match op {
+                        0 => data[at] = *byte,
+                        1 => data.insert(at, *byte),
+                        _ => data[at] = 0xff,
+                    }
+                }
+                decodes_or_names(rpc, &data)?;
+                let short = cut.index(data.len());
+                decodes_or_names(rpc, &data[..short])?;
+            }
+        }
     }
 }

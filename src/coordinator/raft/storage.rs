@@ -6,8 +6,10 @@
 //! - `sm_versions`: rule-set version number → bincode `RuleSetVersion`, so an
 //!   apply writes only the versions it created or moved, not every version;
 //! - `sm_meta`: `applied` (`AppliedHeader`), `regions`, `allocations`,
-//!   `cluster_id` (from format 2; absent: no id yet) and `snapshot` (the
-//!   current snapshot's meta and bytes).
+//!   `cluster_id` (from format 2; absent: no id yet), `drills_last_id`
+//!   (from format 3) and `snapshot` (the current snapshot's meta and bytes);
+//! - `sm_drills` (from format 3): drill id → bincode `Drill`, so an
+//!   observation writes only the drill it touched.
 //!
 //! ## Format versions
 //! Everything above is bincode of Rust types, so changing a stored type (a
@@ -35,7 +37,10 @@
 //! 2. adds the cluster id: [`Registry::cluster_id`] (last field of the
 //!    registry, so last in a snapshot's payload), `sm_meta.cluster_id` and
 //!    [`Command::SetClusterId`](crate::coordinator::state::Command) (the
-//!    last variant, so every other command keeps its tag).
+//!    last variant, so every other command keeps its tag);
+//! 3. adds failover drills: [`Registry::drills`] (last field), the
+//!    `sm_drills` table, `sm_meta.drills_last_id` and the three drill
+//!    commands (appended after `SetClusterId`).
 //!
 //! Migration: [`open`] takes a dir of an older known version and records
 //! [`FORMAT_VERSION`] in it before it is used, so the rule above (one dir,
@@ -43,7 +48,7 @@
 //! rewrites nothing else, so a version may be migrated this way only when
 //! the older one's tables and log entries decode unchanged as the newer one:
 //! true of 1 → 2 (a missing `sm_meta.cluster_id` reads as "no id yet", which
-//! the leader then sets). A snapshot keeps the version it was written in and
+//! the leader then sets) and of 2 → 3 (no drills yet). A snapshot keeps the version it was written in and
 //! is decoded as such ([`decode_snapshot`]); new snapshots are written in
 //! [`FORMAT_VERSION`].
 //!
@@ -84,6 +89,7 @@ use super::{
 };
 use crate::allocation::Allocations;
 use crate::cluster_id::ClusterId;
+use crate::coordinator::drill::Drills;
 use crate::coordinator::state::{Outcome, Region, Registry, RuleSetVersion};
 
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
@@ -92,6 +98,7 @@ const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
 const VERSIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("sm_versions");
 const SM_META: TableDefinition<&str, &[u8]> = TableDefinition::new("sm_meta");
+const SM_DRILLS: TableDefinition<u64, &[u8]> = TableDefinition::new("sm_drills");
 
 /// The file inside `--data-dir`.
 pub const DB_FILE: &str = "coordinator.redb";
@@ -99,9 +106,9 @@ pub const DB_FILE: &str = "coordinator.redb";
 /// The storage format this build writes (see the module docs). Bump it, add
 /// it to [`KNOWN_FORMATS`] and commit a fixture for it whenever a stored
 /// type's encoding changes.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// The storage formats this build reads.
-pub const KNOWN_FORMATS: &[u32] = &[1, 2];
+pub const KNOWN_FORMATS: &[u32] = &[1, 2, 3];
 /// The format of data written before versions were recorded.
 const UNVERSIONED_FORMAT: u32 = 1;
 /// `raft_meta` key of the data dir's format version.
@@ -240,13 +247,15 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), DiskError> {
     let log = txn.open_table(LOG)?;
     let versions = txn.open_table(VERSIONS)?;
     let sm_meta = txn.open_table(SM_META)?;
+    let sm_drills = txn.open_table(SM_DRILLS)?;
     let mut meta = txn.open_table(META)?;
     let found = match recorded {
         Some(found) => Some(found),
         None if log.is_empty()?
             && meta.is_empty()?
             && versions.is_empty()?
-            && sm_meta.is_empty()? =>
+            && sm_meta.is_empty()?
+            && sm_drills.is_empty()? =>
         {
             None
         }
@@ -270,7 +279,7 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), DiskError> {
         }
         meta.insert(FORMAT_KEY, FORMAT_VERSION.to_le_bytes().as_slice())?;
     }
-    drop((log, versions, sm_meta, meta));
+    drop((log, versions, sm_meta, sm_drills, meta));
     txn.commit()?;
     let applied = load_applied(&db)?;
     let (published, _) = watch::channel(Arc::new(applied.clone()));
@@ -531,6 +540,42 @@ impl From<AppliedV1> for Applied {
                 regions: v1.registry.regions,
                 allocations: v1.registry.allocations,
                 cluster_id: None,
+                drills: Drills::default(),
+            },
+        }
+    }
+}
+
+/// Version 2's [`Applied`]: version 3 without the drills, which come last
+/// in the registry. Must never change.
+#[derive(Serialize, Deserialize)]
+struct AppliedV2 {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    registry: RegistryV2,
+}
+
+/// Version 2's [`Registry`].
+#[derive(Serialize, Deserialize)]
+struct RegistryV2 {
+    versions: BTreeMap<u64, RuleSetVersion>,
+    regions: BTreeMap<String, Region>,
+    allocations: Allocations,
+    cluster_id: Option<ClusterId>,
+}
+
+impl From<AppliedV2> for Applied {
+    /// The version-2 state in this build: no drills yet.
+    fn from(v2: AppliedV2) -> Applied {
+        Applied {
+            last_applied: v2.last_applied,
+            membership: v2.membership,
+            registry: Registry {
+                versions: v2.registry.versions,
+                regions: v2.registry.regions,
+                allocations: v2.registry.allocations,
+                cluster_id: v2.registry.cluster_id,
+                drills: Drills::default(),
             },
         }
     }
@@ -561,7 +606,8 @@ fn decode_snapshot(data: &[u8], what: &str) -> Result<Applied, DiskError> {
     };
     match u32::from_le_bytes(*version) {
         1 => Ok(bincode::deserialize::<AppliedV1>(payload)?.into()),
-        2 => Ok(bincode::deserialize(payload)?),
+        2 => Ok(bincode::deserialize::<AppliedV2>(payload)?.into()),
+        3 => Ok(bincode::deserialize(payload)?),
         found => Err(DiskError::UnknownFormat {
             what: what.to_string(),
             found,
@@ -576,6 +622,8 @@ fn load_applied(db: &Database) -> Result<Applied, DiskError> {
     let allocations: Option<Allocations> = get_meta(db, SM_META, "allocations")?;
     // Absent in a new dir and in one from format 1.
     let cluster_id: Option<Option<ClusterId>> = get_meta(db, SM_META, "cluster_id")?;
+    // Absent before format 3.
+    let last_drill: Option<u64> = get_meta(db, SM_META, "drills_last_id")?;
     let txn = db.begin_read()?;
     let t = txn.open_table(VERSIONS)?;
     let mut registry = Registry {
@@ -590,6 +638,15 @@ fn load_applied(db: &Database) -> Result<Applied, DiskError> {
             .versions
             .insert(k.value(), bincode::deserialize(v.value())?);
     }
+    let drills = txn.open_table(SM_DRILLS)?;
+    for item in drills.range::<u64>(..)? {
+        let (k, v) = item?;
+        registry
+            .drills
+            .by_id
+            .insert(k.value(), Arc::new(bincode::deserialize(v.value())?));
+    }
+    registry.drills.last_id = last_drill.unwrap_or_default();
     let (last_applied, membership) =
         header.map_or_else(Default::default, |h| (h.last_applied, h.membership));
     Ok(Applied {
@@ -599,16 +656,30 @@ fn load_applied(db: &Database) -> Result<Applied, DiskError> {
     })
 }
 
+/// Which rows of the per-row tables a write touches.
+struct Rows<'a> {
+    /// Rule-set versions to write.
+    versions: &'a [RuleSetVersion],
+    /// Drills to write; rows of drills no longer held are deleted whenever
+    /// this is not empty.
+    drills: &'a [u64],
+    /// Drop every other version and drill first (snapshot install).
+    replace: bool,
+}
+
 /// Writes the applied header, the regions, the allocations, the cluster id
-/// and `versions` in one transaction;
-/// with `replace_versions`, drops every other version first (snapshot install).
+/// and the rows of `rows` in one transaction.
 fn persist_applied(
     db: &Database,
     applied: &Applied,
-    versions: &[RuleSetVersion],
+    rows: Rows<'_>,
     durability: Durability,
-    replace_versions: bool,
 ) -> Result<(), DiskError> {
+    let Rows {
+        versions,
+        drills,
+        replace: replace_versions,
+    } = rows;
     let header = bincode::serialize(&AppliedHeader {
         last_applied: applied.last_applied,
         membership: applied.membership.clone(),
@@ -631,6 +702,25 @@ fn persist_applied(
         m.insert("regions", regions.as_slice())?;
         m.insert("allocations", allocations.as_slice())?;
         m.insert("cluster_id", cluster_id.as_slice())?;
+        let held = &applied.registry.drills;
+        if replace_versions || !drills.is_empty() {
+            m.insert(
+                "drills_last_id",
+                bincode::serialize(&held.last_id)?.as_slice(),
+            )?;
+            let mut t = txn.open_table(SM_DRILLS)?;
+            t.retain(|k, _| !replace_versions && held.by_id.contains_key(&k))?;
+            let ids: Vec<u64> = if replace_versions {
+                held.by_id.keys().copied().collect()
+            } else {
+                drills.to_vec()
+            };
+            for id in ids {
+                if let Some(d) = held.by_id.get(&id) {
+                    t.insert(id, bincode::serialize(d.as_ref())?.as_slice())?;
+                }
+            }
+        }
     }
     txn.commit()?;
     Ok(())
@@ -675,11 +765,20 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // current one's stage: those are the versions to write.
         let first_dirty = self.applied.registry.current().map_or(0, |v| v.number);
         let mut outcomes = Vec::new();
+        let mut drills = Vec::new();
         for entry in entries {
             self.applied.last_applied = Some(entry.log_id);
             let outcome = match entry.payload {
                 EntryPayload::Blank => Outcome::Nothing,
-                EntryPayload::Normal(command) => self.applied.registry.apply(command),
+                EntryPayload::Normal(command) => {
+                    let drill = command.drill();
+                    let outcome = self.applied.registry.apply(command);
+                    if let (Some(d), Outcome::Applied { version }) = (drill, &outcome) {
+                        // A start names its new id in the outcome.
+                        drills.extend(d.or(*version));
+                    }
+                    outcome
+                }
                 EntryPayload::Membership(m) => {
                     self.applied.membership = StoredMembership::new(Some(entry.log_id), m);
                     Outcome::Nothing
@@ -702,7 +801,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     .range(first_dirty..)
                     .map(|(_, v)| v.clone())
                     .collect();
-                persist_applied(db, &applied, &dirty, Durability::None, false)
+                let rows = Rows {
+                    versions: &dirty,
+                    drills: &drills,
+                    replace: false,
+                };
+                persist_applied(db, &applied, rows, Durability::None)
             },
         )
         .await?;
@@ -744,7 +848,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             move |db| {
                 let versions: Vec<RuleSetVersion> =
                     to_write.registry.versions.values().cloned().collect();
-                persist_applied(db, &to_write, &versions, Durability::Immediate, true)?;
+                let rows = Rows {
+                    versions: &versions,
+                    drills: &[],
+                    replace: true,
+                };
+                persist_applied(db, &to_write, rows, Durability::Immediate)?;
                 put_meta(db, SM_META, "snapshot", &stored)
             },
         )
@@ -910,9 +1019,56 @@ mod tests {
             );
         }
         commands.push(Command::Epoch(state.diff(&next)));
+        // From version 3: a drill, stopped, with observations.
+        use crate::coordinator::drill::{Actor, Event, Mode, StartDrill, Stop, StopReason, What};
+        let actor = Actor {
+            credential: "admin token sha256:0a1b2c3d".into(),
+            from: "10.0.0.9:5123".into(),
+            operator: Some("ops".into()),
+        };
+        commands.push(Command::StartDrill(StartDrill {
+            region: "eu".into(),
+            mode: Mode::Drain,
+            duration_ms: Some(30_000),
+            note: "quarterly drill".into(),
+            force: false,
+            by: actor.clone(),
+            at_unix_ms: 70_000,
+        }));
+        commands.push(Command::DrillObserved {
+            id: 1,
+            events: vec![
+                Event {
+                    at_unix_ms: 70_300,
+                    what: What::Acknowledged { epoch: 3 },
+                },
+                Event {
+                    at_unix_ms: 70_400,
+                    what: What::Window {
+                        rule: "a/global".into(),
+                        start_ms: 60_000,
+                        admitted: BTreeMap::from([("eu".into(), 300), ("us".into(), 500)]),
+                        estimated: vec!["us".into()],
+                    },
+                },
+            ],
+        });
+        commands.push(Command::StopDrill {
+            id: 1,
+            stop: Stop {
+                at_unix_ms: 80_000,
+                by: actor,
+                reason: StopReason::Stopped,
+            },
+        });
         for command in commands {
             registry.apply(command);
         }
+        assert_eq!(
+            registry.drills.by_id.len(),
+            1,
+            "the fixture's drill was applied"
+        );
         let leader = openraft::CommittedLeaderId::new(3, 1);
         let members = BTreeMap::from([(
             1,
@@ -931,9 +1087,16 @@ mod tests {
         }
     }
 
-    /// [`fixture_applied`] as version 1 holds it: without a cluster id.
-    fn fixture_applied_v1() -> Applied {
+    /// [`fixture_applied`] as version 2 holds it: without drills.
+    fn fixture_applied_v2() -> Applied {
         let mut applied = fixture_applied();
+        applied.registry.drills = Drills::default();
+        applied
+    }
+
+    /// [`fixture_applied`] as version 1 holds it: without a cluster id (nor drills).
+    fn fixture_applied_v1() -> Applied {
+        let mut applied = fixture_applied_v2();
         applied.registry.cluster_id = None;
         applied
     }
@@ -957,16 +1120,35 @@ mod tests {
         "/tests/fixtures/raft/snapshot-v2.bin"
     ));
 
+    /// The version-3 snapshot of [`fixture_applied`], first written by the
+    /// build that introduced version 3; re-encoded byte for byte below.
+    const SNAPSHOT_V3: &[u8] = include_bytes!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/raft/snapshot-v3.bin"
+    ));
+
+    #[test]
+    fn committed_v3_snapshot_decodes_to_the_fixture_state_and_this_build_writes_it() {
+        let applied = decode_snapshot(SNAPSHOT_V3, "fixture").expect("decode");
+        assert_eq!(applied, fixture_applied());
+        assert_eq!(applied.registry.drills.last_id, 1);
+        assert_eq!(
+            encode_snapshot(&applied).expect("encode"),
+            SNAPSHOT_V3,
+            "this build must write version 3 exactly as the fixture"
+        );
+    }
+
     /// The payload after a snapshot's format header.
     fn payload(snapshot: &[u8]) -> &[u8] {
         &snapshot[SNAPSHOT_MAGIC.len() + 4..]
     }
 
     #[test]
-    fn committed_v2_snapshot_decodes_to_the_fixture_state_and_this_build_writes_it() {
+    fn committed_v2_snapshot_decodes_to_the_fixture_state_without_drills() {
         assert_eq!(&SNAPSHOT_V2[..SNAPSHOT_MAGIC.len()], SNAPSHOT_MAGIC);
         let applied = decode_snapshot(SNAPSHOT_V2, "fixture").expect("decode");
-        assert_eq!(applied, fixture_applied());
+        assert_eq!(applied, fixture_applied_v2());
         assert_eq!(
             applied
                 .registry
@@ -975,10 +1157,20 @@ mod tests {
                 .as_deref(),
             Some(FIXTURE_CLUSTER_ID)
         );
+        let v2 = AppliedV2 {
+            last_applied: applied.last_applied,
+            membership: applied.membership.clone(),
+            registry: RegistryV2 {
+                versions: applied.registry.versions.clone(),
+                regions: applied.registry.regions.clone(),
+                allocations: applied.registry.allocations.clone(),
+                cluster_id: applied.registry.cluster_id,
+            },
+        };
         assert_eq!(
-            encode_snapshot(&applied).expect("encode"),
-            SNAPSHOT_V2,
-            "this build must write version 2 exactly as the fixture"
+            bincode::serialize(&v2).expect("encode"),
+            payload(SNAPSHOT_V2),
+            "AppliedV2 must read and write version 2 exactly as the fixture"
         );
     }
 
@@ -1037,7 +1229,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "snapshot 3-1-42 is in storage format version 7, but this build knows only \
-             version(s) [1, 2]; run a Meridian build that knows version 7"
+             version(s) [1, 2, 3]; run a Meridian build that knows version 7"
         );
         let cut = decode_snapshot(&SNAPSHOT_V1[..6], "snapshot x").expect_err("cut short");
         assert!(cut.to_string().contains("cut short"), "{cut}");
@@ -1047,8 +1239,8 @@ mod tests {
     async fn installing_a_snapshot_in_an_unknown_format_fails_and_keeps_the_state() {
         let dir = tempfile::tempdir().expect("temp dir");
         let (_log, mut sm) = open(dir.path()).expect("open");
-        let mut data = SNAPSHOT_V2.to_vec();
-        data[SNAPSHOT_MAGIC.len()..SNAPSHOT_MAGIC.len() + 4].copy_from_slice(&3u32.to_le_bytes());
+        let mut data = SNAPSHOT_V3.to_vec();
+        data[SNAPSHOT_MAGIC.len()..SNAPSHOT_MAGIC.len() + 4].copy_from_slice(&4u32.to_le_bytes());
         let applied = fixture_applied();
         let meta = SnapshotMeta {
             last_log_id: applied.last_applied,
@@ -1058,9 +1250,9 @@ mod tests {
         let err = sm
             .install_snapshot(&meta, Box::new(Cursor::new(data)))
             .await
-            .expect_err("version 3 is unknown");
+            .expect_err("version 4 is unknown");
         assert!(
-            err.to_string().contains("format version 3"),
+            err.to_string().contains("format version 4"),
             "the error names the version: {err}"
         );
         assert_eq!(*sm.subscribe().borrow().as_ref(), Applied::default());
@@ -1071,6 +1263,14 @@ mod tests {
         sm.install_snapshot(&meta, Box::new(Cursor::new(SNAPSHOT_V2.to_vec())))
             .await
             .expect("version 2 installs");
+        assert_eq!(*sm.subscribe().borrow().as_ref(), fixture_applied_v2());
+        sm.install_snapshot(&meta, Box::new(Cursor::new(SNAPSHOT_V3.to_vec())))
+            .await
+            .expect("version 3 installs");
+        assert_eq!(*sm.subscribe().borrow().as_ref(), applied);
+        // Installed drills are in the tables: they survive a reopen.
+        drop((_log, sm));
+        let (_log, sm) = open(dir.path()).expect("reopen");
         assert_eq!(*sm.subscribe().borrow().as_ref(), applied);
     }
 
@@ -1106,7 +1306,7 @@ mod tests {
             last_membership: applied.membership.clone(),
             snapshot_id: "fixture".into(),
         };
-        sm.install_snapshot(&meta, Box::new(Cursor::new(SNAPSHOT_V2.to_vec())))
+        sm.install_snapshot(&meta, Box::new(Cursor::new(SNAPSHOT_V3.to_vec())))
             .await
             .expect("install");
         dir
@@ -1197,7 +1397,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "coordinator.redb is in storage format version 9, but this build knows only \
-             version(s) [1, 2]; run a Meridian build that knows version 9"
+             version(s) [1, 2, 3]; run a Meridian build that knows version 9"
         );
         assert_eq!(
             recorded_format(dir.path()),
@@ -1253,5 +1453,59 @@ mod tests {
         let applied = sm.subscribe().borrow().clone();
         assert_eq!(applied.last_applied, Some(log_id));
         assert_eq!(applied.registry.current().map(|v| v.number), Some(1));
+    }
+
+    #[tokio::test]
+    async fn drills_applied_one_by_one_survive_reopen() {
+        use crate::coordinator::drill::{Actor, Event, Mode, StartDrill, What};
+        use crate::coordinator::state::{Command, RegionState};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let entry = |index: u64, command: Command| Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 0), index),
+            payload: EntryPayload::Normal(command),
+        };
+        let expected = {
+            let (_log, mut sm) = open(dir.path()).expect("open");
+            let out = sm
+                .apply([
+                    entry(
+                        1,
+                        Command::PutRegion {
+                            name: "eu".into(),
+                            weight: 1.0,
+                            state: RegionState::Active,
+                            at_unix_ms: 1,
+                        },
+                    ),
+                    entry(
+                        2,
+                        Command::StartDrill(StartDrill {
+                            region: "eu".into(),
+                            mode: Mode::Fail,
+                            duration_ms: None,
+                            note: String::new(),
+                            force: false,
+                            by: Actor::default(),
+                            at_unix_ms: 2,
+                        }),
+                    ),
+                ])
+                .await
+                .expect("apply");
+            assert_eq!(out[1], Outcome::Applied { version: Some(1) });
+            // An observation alone rewrites only its drill's row.
+            let events = vec![Event {
+                at_unix_ms: 3,
+                what: What::Acknowledged { epoch: 1 },
+            }];
+            sm.apply([entry(3, Command::DrillObserved { id: 1, events })])
+                .await
+                .expect("apply");
+            sm.subscribe().borrow().clone()
+        };
+        let (_log, sm) = open(dir.path()).expect("reopen");
+        let applied = sm.subscribe().borrow().clone();
+        assert_eq!(applied.registry.drills, expected.registry.drills);
+        assert_eq!(applied.registry.drills.by_id[&1].events.len(), 2);
     }
 }

@@ -1,8 +1,12 @@
 //! The approximate path's write side: many keys' local deltas applied in one
-//! script call per shard (`scripts/approximate_flush.lua`), answering with the
-//! global counts every pod's hits add up to.
+//! script call (`scripts/approximate_flush.lua`; the batcher keeps calls to
+//! `limiter::flush_plan::MAX_KEYS_PER_CALL` keys, one shard or slot each),
+//! answering with the global counts every pod's hits add up to. Each call
+//! carries a flush id that Redis remembers, so sending a call again after a
+//! timeout cannot count its deltas twice.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use redis::Script;
 
@@ -51,7 +55,9 @@ impl RedisStore {
     /// everything for a standalone server, one group per hash slot on a Cluster.
     pub(crate) fn shard_groups(&self, deltas: &[Delta]) -> Vec<Vec<usize>> {
         match self.connection {
-            Connection::Standalone(_) => vec![(0..deltas.len()).collect()],
+            Connection::Standalone(_) | Connection::Sentinel(_) => {
+                vec![(0..deltas.len()).collect()]
+            }
             Connection::Cluster(_) => {
                 let mut by_slot: HashMap<u16, Vec<usize>> = HashMap::new();
                 for (i, d) in deltas.iter().enumerate() {
@@ -62,17 +68,28 @@ impl RedisStore {
         }
     }
 
-    /// Applies `deltas` (one group from [`RedisStore::shard_groups`]) in one
-    /// round trip, within the store's deadline. Either all are applied or,
-    /// on error, none is known to be (the caller keeps and retries them).
-    pub(crate) async fn apply_deltas(&self, deltas: &[&Delta]) -> Result<Flushed, StoreError> {
-        let mut cmd = redis::Cmd::with_capacity(3 + 10 * deltas.len(), 128 + 128 * deltas.len());
+    /// Applies `deltas` (from one group of [`RedisStore::shard_groups`]) in
+    /// one round trip, within the store's deadline, as flush `id`. Redis
+    /// applies one id at most once within `id_ttl`: on error the caller does
+    /// not know whether the call ran, and sends the same id and deltas again.
+    pub(crate) async fn apply_deltas(
+        &self,
+        id: u64,
+        id_ttl: Duration,
+        deltas: &[&Delta],
+    ) -> Result<Flushed, StoreError> {
+        let Some(first) = deltas.first() else {
+            return Err(StoreError::Reply("a flush of no deltas".into()));
+        };
+        let mut cmd = redis::Cmd::with_capacity(5 + 10 * deltas.len(), 160 + 128 * deltas.len());
         cmd.arg("EVALSHA")
             .arg(self.flush.get_hash())
-            .arg(deltas.len());
+            .arg(deltas.len() + 1)
+            .arg(flush_id_key(&first.prefix, id));
         for d in deltas {
             cmd.arg(&d.prefix);
         }
+        cmd.arg(id_ttl.as_millis().max(1) as u64);
         for d in deltas {
             let p = &d.params;
             let scale = p.scale();
@@ -98,6 +115,12 @@ impl RedisStore {
         }
         flushed_from_reply(deltas, &self.invoke(&self.flush, &cmd).await?)
     }
+}
+
+/// The key that remembers flush `id`: under the first delta's prefix, so it
+/// shares the hash tag (and the Cluster slot) of the call's keys.
+fn flush_id_key(prefix: &str, id: u64) -> String {
+    format!("{prefix}:f:{id:016x}")
 }
 
 fn flushed_from_reply(deltas: &[&Delta], reply: &[i64]) -> Result<Flushed, StoreError> {
@@ -155,7 +178,7 @@ fn crc16(data: &[u8]) -> u16 {
 
 #[cfg(test)]
 mod tests {
-    use super::slot;
+    use super::{flush_id_key, slot};
 
     #[test]
     fn slots_match_redis_cluster_keyslot() {
@@ -165,5 +188,13 @@ mod tests {
         assert_eq!(slot("{hash_tag}.other"), 2515);
         // An empty tag does not count: the whole key is hashed.
         assert_ne!(slot("a{}x"), slot("b{}x"));
+    }
+
+    #[test]
+    fn a_flush_id_lives_in_the_slot_of_its_calls_keys() {
+        let prefix = "mr:{per_customer:42}";
+        let id_key = flush_id_key(prefix, 0xabc);
+        assert_eq!(id_key, "mr:{per_customer:42}:f:0000000000000abc");
+        assert_eq!(slot(&id_key), slot(&format!("{prefix}:fw:123")));
     }
 }

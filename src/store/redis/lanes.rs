@@ -64,9 +64,12 @@ impl RedisStore {
             connection: open(&lanes.config).await?,
             scripts: self.scripts.clone(),
             flush: self.flush.clone(),
+            multi: self.multi.clone(),
             deadline: self.deadline,
             coalescer: None,
             lanes: None,
+            repairing: Default::default(),
+            repair_timeout: lanes.config.connect_timeout,
         };
         lane.coalescer = Some(Arc::new(coalesce::Coalescer::start(lane.clone())));
         let _ = slot.set(lane);

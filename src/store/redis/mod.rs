@@ -3,13 +3,16 @@
 //!
 //! Connections: standalone uses a `ConnectionManager` (one multiplexed
 //! connection that reconnects by itself); Cluster uses the cluster client,
-//! which keeps one multiplexed connection per node and follows MOVED/ASK.
+//! which keeps one multiplexed connection per node and follows MOVED/ASK;
+//! Sentinel keeps one multiplexed connection to the master the sentinels
+//! name and asks them again when it is lost or demoted (`sentinel`).
 //! Scripts go out as EVALSHA; on NOSCRIPT (a restarted or failed-over Redis)
 //! the script is loaded and the call retried once. Checks that arrive
 //! together share one script call (`coalesce`). A server running one event
 //! loop per thread gives each thread its own connection (`lanes`).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -21,8 +24,9 @@ use tokio::sync::oneshot;
 mod coalesce;
 mod flush;
 mod lanes;
+mod sentinel;
 
-pub(crate) use flush::{Delta, Global, slot};
+pub(crate) use flush::{Delta, Flushed, Global, slot};
 // Only the server's worker threads bind a lane.
 #[cfg(feature = "server")]
 pub(crate) use lanes::bind_thread;
@@ -57,12 +61,45 @@ pub(crate) fn script_source(algorithm: Algorithm) -> &'static str {
     }
 }
 
+/// The multi-limit script (`scripts/multi.lua`): the prelude, every
+/// algorithm's body as its own `decide_<index>`, then multi.lua. Built once.
+pub(crate) fn multi_source() -> &'static str {
+    static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SOURCE.get_or_init(|| {
+        const HEADER: &str = "local function decide(prefix, cost)\n";
+        let prelude = include_str!("scripts/prelude.lua");
+        let prelude = prelude.strip_suffix(HEADER).unwrap_or(prelude);
+        let bodies = [
+            include_str!("scripts/fixed_window.lua"),
+            include_str!("scripts/sliding_log.lua"),
+            include_str!("scripts/sliding_counter.lua"),
+            include_str!("scripts/token_bucket.lua"),
+            include_str!("scripts/leaky_bucket.lua"),
+        ];
+        let mut out = String::from(include_str!("scripts/bucket_rescale.lua"));
+        out.push_str(prelude);
+        for (algorithm, body) in Algorithm::ALL.iter().zip(bodies) {
+            out.push_str(&format!(
+                "local function decide_{}(prefix, cost)\n{body}\nend\n",
+                *algorithm as usize
+            ));
+        }
+        out.push_str(include_str!("scripts/multi.lua"));
+        out
+    })
+}
+
 /// How to reach Redis.
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
     /// `redis://[user:pass@]host:port[/db]` (`rediss://` for TLS) for one server.
     /// Several URLs, or one `redis+cluster://host:port[,host:port…]`
     /// (`rediss+cluster://` for TLS), mean a Redis Cluster (seed nodes).
+    /// `redis+sentinel://[user:pass@]host:port[,host:port…]/MASTER[/db]`
+    /// (`rediss+sentinel://` for TLS) means the master the sentinels name
+    /// (port 26379 when none is given); after a failover the store follows
+    /// the new master. The credentials authenticate to the master and to the
+    /// sentinels.
     pub urls: Vec<String>,
     /// Longest a single check may take before it fails with `Timeout` (and the
     /// rule's fail mode decides). Checks take well under a millisecond normally.
@@ -98,19 +135,45 @@ pub struct RedisStore {
     scripts: [Script; 5],
     /// The approximate path's flush (`scripts/approximate_flush.lua`).
     flush: Script,
+    /// Several limits of one descriptor in one call (`scripts/multi.lua`).
+    multi: Script,
     deadline: Duration,
     /// Where checks queue to share script calls; `None` in the coalescing
     /// task's own copy, which sends them.
     coalescer: Option<Arc<coalesce::Coalescer>>,
     /// Per-thread connections; `None` in a lane's own store.
     lanes: Option<Arc<lanes::Lanes>>,
+    /// Set while a Cluster repair call is out (see [`RedisStore::repair`]);
+    /// one per connection, so lanes have their own.
+    repairing: Arc<AtomicBool>,
+    /// How long a repair call may take (the connect timeout).
+    repair_timeout: Duration,
 }
 
 /// Clones are cheap handles onto the same multiplexed connection(s).
 #[derive(Clone)]
 enum Connection {
     Standalone(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(ClusterHandle),
+    Sentinel(sentinel::SentinelConnection),
+}
+
+/// A Cluster connection that `repair` may replace with a fresh one.
+#[derive(Clone)]
+struct ClusterHandle {
+    /// Makes the replacement: discovery from the seed nodes again.
+    client: Arc<ClusterClient>,
+    /// std's lock: held only to clone or swap the handle, never across an await.
+    current: Arc<std::sync::RwLock<ClusterConnection>>,
+}
+
+impl ClusterHandle {
+    fn connection(&self) -> ClusterConnection {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 impl RedisStore {
@@ -124,9 +187,12 @@ impl RedisStore {
             connection: open(config).await?,
             scripts: Algorithm::ALL.map(|a| Script::new(script_source(a))),
             flush: flush::flush_script(),
+            multi: Script::new(multi_source()),
             deadline: config.deadline,
             coalescer: None,
             lanes: (config.lanes > 0).then(|| Arc::new(lanes::Lanes::new(config))),
+            repairing: Arc::new(AtomicBool::new(false)),
+            repair_timeout: config.connect_timeout,
         };
         store.preload(config.connect_timeout).await;
         store.coalescer = Some(Arc::new(coalesce::Coalescer::start(store.clone())));
@@ -138,13 +204,13 @@ impl RedisStore {
     /// later (a restart, a failover) is still loaded on NOSCRIPT. On a Cluster
     /// SCRIPT LOAD reaches one node only, so there it is left to NOSCRIPT.
     async fn preload(&self, within: Duration) {
-        let Connection::Standalone(connection) = &self.connection else {
-            return;
-        };
-        let mut connection = connection.clone();
         let loading = async {
-            for script in self.scripts.iter().chain([&self.flush]) {
-                script.prepare_invoke().load_async(&mut connection).await?;
+            for script in self.scripts.iter().chain([&self.flush, &self.multi]) {
+                match self.connection.clone() {
+                    Connection::Standalone(mut c) => script.load_async(&mut c).await?,
+                    Connection::Sentinel(mut c) => script.load_async(&mut c).await?,
+                    Connection::Cluster(_) => return Ok(()),
+                };
             }
             Ok::<(), RedisError>(())
         };
@@ -163,7 +229,8 @@ impl RedisStore {
         let call = async {
             match self.connection.clone() {
                 Connection::Standalone(mut c) => ping.query_async::<String>(&mut c).await,
-                Connection::Cluster(mut c) => ping.query_async::<String>(&mut c).await,
+                Connection::Cluster(c) => ping.query_async::<String>(&mut c.connection()).await,
+                Connection::Sentinel(mut c) => ping.query_async::<String>(&mut c).await,
             }
         };
         tokio::time::timeout(self.deadline, call)
@@ -213,6 +280,60 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
+    /// Decides `cost` hits on `key` under every one of `limits` in one call
+    /// of the multi script: admitted only when all admit, and a denial
+    /// charges none (see `scripts/multi.lua`). One decision per limit. The
+    /// call is not shared with other checks (its arguments differ per rule).
+    pub async fn check_all(
+        &self,
+        limits: &[Limit],
+        key: &str,
+        cost: u64,
+        now: Option<Micros>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let Some(first) = limits.first() else {
+            return Ok(Vec::new());
+        };
+        // A cost of 0 is a check-only peek, which precheck refuses.
+        for limit in limits.iter().filter(|_| cost > 0) {
+            if let Some(denied) = precheck(&limit.params, cost)? {
+                return Ok(vec![denied]);
+            }
+        }
+        let prefix = key::key_prefix(&first.rule, key)?;
+        let mut cmd = Cmd::with_capacity(4 + 10 * limits.len(), 64 + 96 * limits.len());
+        cmd.arg("EVALSHA")
+            .arg(self.multi.get_hash())
+            .arg(limits.len());
+        for j in 0..limits.len() {
+            // The first limit keeps the single-limit keys; the others get
+            // their own suffix inside the same hash tag.
+            match j {
+                0 => cmd.arg(prefix.as_str()),
+                j => cmd.arg(format!("{prefix}:{j}")),
+            };
+        }
+        match now {
+            Some(now) => cmd.arg(now),
+            None => cmd.arg(""),
+        };
+        for limit in limits {
+            let params = &limit.params;
+            let scale = params.scale();
+            cmd.arg(params.algorithm() as usize)
+                .arg(params.limit())
+                .arg(params.period_us())
+                .arg(params.tick_us())
+                .arg(scale.unit)
+                .arg(scale.refill)
+                .arg(scale.capacity)
+                .arg(params.ttl_floor_us())
+                .arg(cost);
+        }
+        let reply = self.here().invoke(&self.multi, &cmd).await?;
+        reply.chunks(6).map(decision_from_reply).collect()
+    }
+
     /// Runs the algorithm's script; a cost of 0 decides without consuming.
     async fn run_script(
         &self,
@@ -308,23 +429,83 @@ impl RedisStore {
                     // (on a Cluster it reaches every primary).
                     match self.connection.clone() {
                         Connection::Standalone(mut c) => script.load_async(&mut c).await?,
-                        Connection::Cluster(mut c) => script.load_async(&mut c).await?,
+                        Connection::Cluster(c) => script.load_async(&mut c.connection()).await?,
+                        Connection::Sentinel(mut c) => script.load_async(&mut c).await?,
                     };
                     self.query(cmd).await
                 }
                 other => other,
             }
         };
-        tokio::time::timeout(self.deadline, call)
+        let result = tokio::time::timeout(self.deadline, call)
             .await
-            .map_err(|_| StoreError::Timeout(self.deadline))?
-            .map_err(|e| classify(e, self.deadline))
+            .map_err(|_| StoreError::Timeout(self.deadline))
+            .and_then(|r| r.map_err(|e| classify(e, self.deadline)));
+        if let Err(e) = &result
+            && e.is_transient()
+        {
+            self.repair(cmd);
+        }
+        result
+    }
+
+    /// After a failed call on a Cluster, sends one harmless read to the
+    /// failed call's slot in the background, with the connect timeout
+    /// rather than the check deadline; if even that fails, replaces the
+    /// connection with a fresh one (discovery from the seed nodes).
+    ///
+    /// The cluster client learns of a promoted replica only while a request
+    /// to that slot is in progress (it reconnects, is redirected, refreshes
+    /// its slot map), and a check's deadline — or the breaker, which lets
+    /// one check through a second — ends every such request long before
+    /// that; and a client that keeps reconnecting to a killed master may
+    /// never refresh. Measured (tests/cluster_failover.rs), a killed
+    /// master's slots stayed failed for good under load without this. At
+    /// most one repair is out per connection.
+    fn repair(&self, failed: &Cmd) {
+        let Connection::Cluster(handle) = &self.connection else {
+            return;
+        };
+        // EVALSHA's first key (argument 3) names the slot.
+        let Some(key) = failed.args_iter().nth(3).and_then(|arg| match arg {
+            redis::Arg::Simple(bytes) => Some(bytes.to_vec()),
+            _ => None,
+        }) else {
+            return;
+        };
+        if self.repairing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (handle, repairing, within) =
+            (handle.clone(), self.repairing.clone(), self.repair_timeout);
+        tokio::spawn(async move {
+            let read = redis::cmd("EXISTS").arg(key).to_owned();
+            let mut connection = handle.connection();
+            let outcome =
+                tokio::time::timeout(within, read.query_async::<i64>(&mut connection)).await;
+            if !matches!(outcome, Ok(Ok(_))) {
+                tracing::info!(
+                    "a redis cluster slot stays unreachable; reconnecting from the seed nodes"
+                );
+                match tokio::time::timeout(within, handle.client.get_async_connection()).await {
+                    Ok(Ok(fresh)) => {
+                        *handle.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "reconnecting to the redis cluster failed")
+                    }
+                    Err(_) => tracing::warn!("reconnecting to the redis cluster timed out"),
+                }
+            }
+            repairing.store(false, Ordering::Release);
+        });
     }
 
     async fn query(&self, cmd: &Cmd) -> Result<Vec<i64>, RedisError> {
         match self.connection.clone() {
             Connection::Standalone(mut c) => cmd.query_async(&mut c).await,
-            Connection::Cluster(mut c) => cmd.query_async(&mut c).await,
+            Connection::Cluster(c) => cmd.query_async(&mut c.connection()).await,
+            Connection::Sentinel(c) => c.query(cmd).await,
         }
     }
 }
@@ -332,17 +513,48 @@ impl RedisStore {
 /// One connection (standalone) or cluster client (Cluster) as `config` says;
 /// its I/O task runs on the calling runtime.
 async fn open(config: &RedisConfig) -> Result<Connection, StoreError> {
+    if let [url] = config.urls.as_slice()
+        && let Some(parsed) = sentinel::parse_sentinel_url(url)
+    {
+        let parsed = parsed.map_err(|reason| {
+            StoreError::InvalidInput(crate::algorithm::InvalidInput::new(
+                "Redis Sentinel URL",
+                sentinel::without_credentials(url),
+                reason,
+            ))
+        })?;
+        let connecting = sentinel::SentinelConnection::connect(
+            &parsed,
+            config.ca_cert.as_deref(),
+            config.connect_timeout,
+            config.deadline,
+        );
+        return tokio::time::timeout(config.connect_timeout * 2, connecting)
+            .await
+            .map_err(|_| StoreError::Timeout(config.connect_timeout * 2))?
+            .map(Connection::Sentinel)
+            .map_err(|e| classify(e, config.connect_timeout));
+    }
     let connecting = async {
         match cluster_nodes(&config.urls) {
             Some(nodes) => {
                 let mut builder = ClusterClient::builder(nodes)
                     .connection_timeout(config.connect_timeout)
-                    .response_timeout(config.deadline);
+                    .response_timeout(config.deadline)
+                    // Each attempt within the deadline, but a call may go on
+                    // retrying (reconnect, redirect, slot refresh) past it:
+                    // checks are cut at the deadline by `invoke` anyway, and
+                    // `repair` needs the retries to run to the end.
+                    .overall_response_timeout(None);
                 if let Some(ca) = &config.ca_cert {
                     builder = builder.certs(certificates(ca));
                 }
                 let client = builder.build()?;
-                Ok(Connection::Cluster(client.get_async_connection().await?))
+                let connection = client.get_async_connection().await?;
+                Ok(Connection::Cluster(ClusterHandle {
+                    client: Arc::new(client),
+                    current: Arc::new(std::sync::RwLock::new(connection)),
+                }))
             }
             None => {
                 let url = config.urls.first().map(String::as_str).unwrap_or_default();

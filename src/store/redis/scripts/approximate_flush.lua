@@ -3,12 +3,15 @@
 -- bucket_rescale.lua goes in front): it handles many keys and returns global
 -- counts, not a decision.
 --
--- KEYS[i]  the key prefix `mr:{<rule>:<key>}` of delta i. On a Cluster the
+-- KEYS[1]  the flush id's key, `<first delta's prefix>:f:<id>`: in the slot of
+--          the deltas' keys, so the call stays in one slot on a Cluster.
+-- KEYS[i+1] the key prefix `mr:{<rule>:<key>}` of delta i. On a Cluster the
 --          caller groups deltas by slot, so every KEYS entry shares one slot.
--- ARGV     9 values per key, in KEYS order:
+-- ARGV[1]  how long the id is remembered, ms.
+-- ARGV     then 9 values per delta, in KEYS order:
 --          algorithm tag (fw | sc | tb), window index (fw, sc; 0 for tb),
 --          hits to add, period µs, tick µs, unit, refill, capacity, ttl floor µs
--- Returns  {now µs (server TIME), then 2 integers per key}:
+-- Returns  {now µs (server TIME), then 2 integers per delta}:
 --          fw: count of the window, 0
 --          sc: count of the window, count of the window before
 --          tb: tokens left (scaled units), tick of that level
@@ -17,6 +20,11 @@
 -- window counter, PEXPIRE on first write; the bucket hash for tb), so exact
 -- and approximate pods share counters. A delta for a window whose keys have
 -- already expired on the server clock is dropped: that window is over.
+--
+-- Idempotent: a call whose answer the client missed (a timeout) is sent again
+-- with the same id. If the id is known, this call's deltas were applied
+-- already: nothing is written and the answer is the current globals.
+local repeated = not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local out = {now}
@@ -29,20 +37,26 @@ local function ceil_div(a, b)
   return math.floor((a + b - 1) / b)
 end
 
-for i, prefix in ipairs(KEYS) do
-  local a = (i - 1) * 9
+-- Defined once, not per key: a closure per key costs an allocation each.
+local function expire(key, keep_us, ttl_floor)
+  redis.call('PEXPIRE', key, int(ceil_div(math.max(keep_us, ttl_floor), 1000)))
+end
+
+for i = 2, #KEYS do
+  local prefix = KEYS[i]
+  local a = (i - 2) * 9 + 1
   local tag = ARGV[a + 1]
   local window = tonumber(ARGV[a + 2])
   local hits = tonumber(ARGV[a + 3])
+  if repeated then
+    hits = 0
+  end
   local period = tonumber(ARGV[a + 4])
   local tick_us = tonumber(ARGV[a + 5])
   local unit = tonumber(ARGV[a + 6])
   local refill = tonumber(ARGV[a + 7])
   local capacity = tonumber(ARGV[a + 8])
   local ttl_floor = tonumber(ARGV[a + 9])
-  local function expire(key, keep_us)
-    redis.call('PEXPIRE', key, int(ceil_div(math.max(keep_us, ttl_floor), 1000)))
-  end
 
   if tag == 'tb' then
     -- Token bucket: refill as token_bucket.lua does, then take the batch's
@@ -69,7 +83,7 @@ for i, prefix in ipairs(KEYS) do
     if hits > 0 then
       tokens = math.max(0, tokens - hits * unit)
       redis.call('HSET', key, 't', int(tokens), 'k', int(tick), 'u', int(unit), 'd', int(tick_us), 'r', int(refill))
-      expire(key, (tick + ceil_div(capacity - tokens, refill)) * tick_us - now)
+      expire(key, (tick + ceil_div(capacity - tokens, refill)) * tick_us - now, ttl_floor)
     end
     out[#out + 1] = tokens
     out[#out + 1] = tick
@@ -84,7 +98,7 @@ for i, prefix in ipairs(KEYS) do
     if hits > 0 and keep > 0 then
       count = redis.call('INCRBY', key, int(hits))
       if count == hits then
-        expire(key, keep)
+        expire(key, keep, ttl_floor)
       end
     else
       count = tonumber(redis.call('GET', key) or '0')

@@ -4,13 +4,13 @@
 local window = math.floor(now / period)
 local key = prefix .. ':fw:' .. int(window)
 local reset = (window + 1) * period - now
-if cost == 0 then
-  -- A check-only peek: nothing to write.
-  local count = tonumber(redis.call('GET', key) or '0')
+if cost == 0 or dry then
+  -- A check-only peek, or multi.lua's first round: nothing to write.
+  local count = tonumber(redis.call('GET', key) or '0') + cost
   if count <= limit then
     return 1, limit, limit - count, reset, 0, 0
   end
-  return 0, limit, 0, reset, reset, 0
+  return 0, limit, math.max(0, limit - (count - cost)), reset, reset, 0
 end
 local count = redis.call('INCRBY', key, int(cost))
 if count <= limit then

@@ -25,7 +25,10 @@ end
 local after = backlog + cost * unit
 local allowed, retry, delay, level = 0, 0, 0, backlog
 if after <= capacity then
-  allowed, level = 1, after
+  allowed = 1
+  if not dry then
+    level = after
+  end
   delay = until_tick(tick + ceil_div(backlog, refill))
 else
   retry = until_tick(tick + ceil_div(after - capacity, refill))
@@ -33,7 +36,7 @@ else
 end
 local reset = until_tick(tick + ceil_div(level, refill))
 -- A converted backlog is kept even when denied: drain goes on at the new rate.
-if allowed == 1 or rescaled then
+if (allowed == 1 and not dry) or rescaled then
   redis.call('HSET', key, 'b', int(level), 'k', int(tick), 'u', int(unit), 'd', int(tick_us), 'r', int(refill))
   expire(key, reset)
 end

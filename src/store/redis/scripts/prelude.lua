@@ -47,6 +47,10 @@ local unit = tonumber(ARGV[5])
 local refill = tonumber(ARGV[6])
 local capacity = tonumber(ARGV[7])
 local ttl_floor = tonumber(ARGV[8])
+-- Set by multi.lua's first round: decide exactly as a real call would, but
+-- write nothing that charges a hit (an algorithm may still persist what a
+-- denial would: a bucket's rescaled level).
+local dry = false
 
 -- µs from now until the start of tick `tick`, never negative.
 local function until_tick(tick)

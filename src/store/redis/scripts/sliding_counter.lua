@@ -11,7 +11,7 @@ local count = cur + math.floor(prev * (ticks - elapsed) / ticks)
 local allowed, retry = 0, 0
 if count + cost <= limit then
   -- cost 0 is a check-only peek: nothing to write.
-  if cost > 0 then
+  if cost > 0 and not dry then
     cur = redis.call('INCRBY', cur_key, int(cost))
     -- Read as "previous" through the next window, so keep it until that ends.
     if cur == cost then

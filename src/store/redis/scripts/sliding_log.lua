@@ -5,8 +5,8 @@ local seq_key = prefix .. ':sl:seq'
 redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - period))
 local count = redis.call('ZCARD', key)
 local allowed, retry = 0, 0
-if count + cost <= limit and cost == 0 then
-  -- A check-only peek: nothing to write.
+if count + cost <= limit and (cost == 0 or dry) then
+  -- A check-only peek, or multi.lua's first round: nothing to write.
   allowed = 1
 elseif count + cost <= limit then
   local last = redis.call('INCRBY', seq_key, int(cost))

@@ -25,14 +25,16 @@ end
 local need = cost * unit
 local allowed, retry = 0, 0
 if tokens >= need then
-  tokens = tokens - need
+  if not dry then
+    tokens = tokens - need
+  end
   allowed = 1
 else
   retry = until_tick(tick + ceil_div(need - tokens, refill))
 end
 local reset = until_tick(tick + ceil_div(capacity - tokens, refill))
 -- A converted level is kept even when denied: refill goes on at the new rate.
-if allowed == 1 or rescaled then
+if (allowed == 1 and not dry) or rescaled then
   redis.call('HSET', key, 't', int(tokens), 'k', int(tick), 'u', int(unit), 'd', int(tick_us), 'r', int(refill))
   expire(key, reset)
 end
