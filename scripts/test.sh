@@ -6,6 +6,9 @@
 # on a machine without redis-server)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# One pass from a clean clone gains nothing from incremental state, which
+# cost 2.8 GB of disk across the 41 test binaries (set it to 1 to keep it).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 apt_install() {
   local sudo=""

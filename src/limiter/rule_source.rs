@@ -23,9 +23,27 @@ pub struct RuleSource {
     /// The rule files polled for changes; empty when the rules come from the
     /// coordinator (or are fixed, as in the library).
     paths: Vec<PathBuf>,
+    /// The files' fingerprint taken just before they were loaded: the
+    /// watcher starts from it, so an edit saved between the load and the
+    /// watcher's first poll is not taken for the loaded version.
+    loaded_from: Fingerprint,
     /// Whether any rules were loaded yet: false only for a limiter waiting
     /// for its coordinator's first rules (gRPC health reports NOT_SERVING).
     loaded: AtomicBool,
+}
+
+/// Modification time and length of every rule file (`None` where it cannot
+/// be read): cheap to poll, and any editor's save changes one of them.
+type Fingerprint = Vec<Option<(SystemTime, u64)>>;
+
+fn fingerprint(paths: &[PathBuf]) -> Fingerprint {
+    paths
+        .iter()
+        .map(|p| {
+            let m = std::fs::metadata(p).ok()?;
+            Some((m.modified().ok()?, m.len()))
+        })
+        .collect()
 }
 
 /// Why rule files could not be loaded.
@@ -62,11 +80,14 @@ pub fn load(paths: &[PathBuf]) -> Result<RuleSet, LoadError> {
 impl RuleSource {
     /// Loads the files once; start-up fails if they are invalid.
     pub fn from_files(paths: Vec<PathBuf>) -> Result<RuleSource, LoadError> {
+        // Taken before reading: an edit racing the read is seen as a change.
+        let loaded_from = fingerprint(&paths);
         let rules = load(&paths)?;
         Ok(RuleSource {
             current: RwLock::new(Arc::new(rules)),
             shadow: RwLock::new(None),
             paths,
+            loaded_from,
             loaded: AtomicBool::new(true),
         })
     }
@@ -77,6 +98,7 @@ impl RuleSource {
             current: RwLock::new(Arc::new(rules)),
             shadow: RwLock::new(None),
             paths: Vec::new(),
+            loaded_from: Vec::new(),
             loaded: AtomicBool::new(true),
         }
     }
@@ -125,11 +147,11 @@ impl RuleSource {
         if self.paths.is_empty() {
             return;
         }
-        let mut seen = self.fingerprint();
+        let mut seen = self.loaded_from.clone();
         let mut ticker = tokio::time::interval(interval);
         loop {
             ticker.tick().await;
-            let now = self.fingerprint();
+            let now = fingerprint(&self.paths);
             if now == seen {
                 continue;
             }
@@ -148,16 +170,44 @@ impl RuleSource {
             }
         }
     }
+}
 
-    /// Modification time and length of every file: cheap to poll, and any
-    /// editor's save changes one of them.
-    fn fingerprint(&self) -> Vec<Option<(SystemTime, u64)>> {
-        self.paths
-            .iter()
-            .map(|p| {
-                let m = std::fs::metadata(p).ok()?;
-                Some((m.modified().ok()?, m.len()))
-            })
-            .collect()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TWO_PER_HOUR: &str = "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+
+    /// An edit saved after the files were loaded but before the watcher's
+    /// first poll is still picked up: the watcher starts from what was loaded,
+    /// not from what is on disk when it happens to start.
+    #[tokio::test]
+    async fn an_edit_between_load_and_the_first_poll_is_reloaded() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("rules.yaml");
+        std::fs::write(&path, TWO_PER_HOUR).expect("write rules");
+        let source = Arc::new(RuleSource::from_files(vec![path.clone()]).expect("valid rules"));
+        let edited = TWO_PER_HOUR.replace("requests_per_unit: 2", "requests_per_unit: 7");
+        std::fs::write(&path, edited).expect("edit rules");
+
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let watcher = tokio::spawn(Arc::clone(&source).watch(
+            Duration::from_millis(10),
+            move || {
+                let _ = tx.send(());
+            },
+        ));
+        let reloaded = tokio::time::timeout(Duration::from_secs(2), rx.recv()).await;
+        watcher.abort();
+        assert!(
+            reloaded.is_ok(),
+            "the edit made before the first poll was never reloaded"
+        );
+        let limits: Vec<u64> = source
+            .current()
+            .rules()
+            .map(|r| r.requests_per_unit)
+            .collect();
+        assert_eq!(limits, [7], "the reloaded rules");
     }
 }
