@@ -105,6 +105,66 @@ async fn four_pods_admit_within_limit_plus_pods_times_max_batch() {
     assert_eq!(sum_counters(&mut conn, "mr:{*customer*}:fw:*"), admitted);
 }
 
+const TWO_LIMITS: &str = r#"
+domain: api
+descriptors:
+  - key: customer
+    accuracy: approximate
+    limits:
+      - {rate_limit: {unit: minute, requests_per_unit: 2000, name: per_customer}}
+      - {rate_limit: {unit: hour, requests_per_unit: 100000}}
+"#;
+
+/// `limits:` on the approximate path: each limit batched on its own counter
+/// (the exact path's keys), a check admitted only when both admit and then
+/// counted in both, so the looser limit ends holding exactly what was
+/// admitted, and the tighter admits within its bound (L + pods × max_batch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_limits_on_the_approximate_path_charge_both_or_neither() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let url = redis.url();
+    let pods = futures::future::join_all((0..4).map(|_| limiter(&url, TWO_LIMITS))).await;
+    let pods: Vec<Arc<Limiter>> = pods.into_iter().map(Arc::new).collect();
+    wait_for_fresh_minute(&mut conn, Duration::from_secs(20));
+
+    let admitted = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..32)
+        .map(|i| {
+            let pod = pods[i % 4].clone();
+            let admitted = admitted.clone();
+            tokio::spawn(async move {
+                for _ in 0..200 {
+                    let v = pod
+                        .check("api", &[("customer", "42")], 1)
+                        .await
+                        .unwrap()
+                        .unwrap();
+                    assert_eq!(v.source, Source::Store, "no fail mode while Redis is up");
+                    if v.decision.allowed {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    for pod in &pods {
+        pod.flush().await.unwrap();
+    }
+    let admitted = admitted.load(Ordering::Relaxed);
+    let max_batch = 2_000 / 100;
+    println!("4 pods admitted {admitted} of 6,400 asks (tightest 2,000, bound 2,080)");
+    assert!(admitted <= 2_000 + 4 * max_batch, "admitted {admitted}");
+    assert!(admitted >= 1_980, "under-admitted: {admitted}");
+    // Limit 1 under the single-limit key, limit 2 under `…:1:`; both got
+    // every admitted hit and no denied one.
+    assert_eq!(sum_counters(&mut conn, "mr:{*customer*}:fw:*"), admitted);
+    assert_eq!(sum_counters(&mut conn, "mr:{*customer*}:1:fw:*"), admitted);
+}
+
 const FAIL_CLOSED: &str = r#"
 domain: api
 descriptors:

@@ -303,3 +303,81 @@ descriptors:
         .expect("GET");
     assert_eq!(counted, 3, "denied checks charged the quota");
 }
+
+/// `limits:` with `scope: global`: 3 coordinators, 2 regions. Each limit is
+/// allocated on its own (the first under the rule's id, the second under
+/// `<id>%limit2`), each region enforces its share of both in one call, and
+/// the world admits within both: at most 60 per 2 s window and at most 100
+/// per 4 s window, with traffic (90/s) above both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_global_limits_rule_allocates_each_limit_and_the_world_keeps_both() {
+    use common::global::{Load, World, granted};
+
+    const RULES: &str = "domain: api
+descriptors:
+  - key: multi
+    scope: global
+    fail_mode: closed
+    limits:
+      - {algorithm: fixed_window, period: 2s, rate_limit: {requests_per_unit: 60, name: multi}}
+      - {algorithm: fixed_window, period: 4s, rate_limit: {requests_per_unit: 100}}
+";
+    let world = World::start(RULES, &["mumbai", "hyderabad"]).await;
+    let load = Load::start(&world, "api", "multi", "acme", &[60, 30]);
+    let first = world
+        .wait_allocated("api|multi", Duration::from_secs(20))
+        .await;
+    let second = world
+        .wait_allocated("api|multi%limit2", Duration::from_secs(20))
+        .await;
+    eprintln!("allocated: limit 1 {first:?}, limit 2 {second:?}");
+    // Both limits' demand reached the coordinator: each has its own
+    // allocation, and the regions' shares add up to its limit.
+    let body = world.allocations("").await;
+    for (id, limit) in [("api|multi", 60), ("api|multi%limit2", 100)] {
+        let split = granted(&body["rules"][id]["split"]);
+        assert!(
+            split.values().sum::<u64>() <= limit,
+            "{id}: shares {split:?} exceed {limit}"
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let records = load.stop().await;
+
+    // A decision was made between its send and its receipt: count it in a
+    // window only when both fall inside it (a lower bound of the window's
+    // admissions, which must be within the limit), and report how many
+    // straddled an edge.
+    let within = |period_us: u64, limit: u64| {
+        let mut windows: std::collections::BTreeMap<u64, (u64, u64)> = Default::default();
+        for r in records.iter().filter(|r| r.allowed) {
+            let (a, b) = (r.sent_us / period_us, r.recv_us / period_us);
+            let entry = windows.entry(a).or_default();
+            if a == b {
+                entry.0 += 1;
+            } else {
+                entry.1 += 1;
+            }
+        }
+        for (w, (certain, straddling)) in &windows {
+            assert!(
+                *certain <= limit,
+                "window {w} of {period_us} µs admitted {certain} (+{straddling} at its edge), \
+                 above {limit}"
+            );
+        }
+        windows
+    };
+    let two = within(2_000_000, 60);
+    let four = within(4_000_000, 100);
+    eprintln!("per 2 s window (admitted, at an edge): {two:?}");
+    eprintln!("per 4 s window (admitted, at an edge): {four:?}");
+    // The limits bind (not starved): full 4 s windows admit most of 100.
+    let full: Vec<u64> = four.values().skip(1).map(|(c, s)| c + s).collect();
+    let full = &full[..full.len().saturating_sub(1)];
+    assert!(!full.is_empty(), "no full 4 s window: {four:?}");
+    assert!(
+        full.iter().all(|&n| n >= 70),
+        "a full 4 s window admitted far below its 100: {full:?}"
+    );
+}

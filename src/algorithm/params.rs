@@ -85,6 +85,17 @@ impl Algorithm {
     pub fn has_burst(self) -> bool {
         matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
     }
+
+    /// The algorithms with an approximate path (`accuracy: approximate`).
+    /// Sliding log keeps one entry per hit (nothing to batch into a count)
+    /// and GCRA's state is a timestamp that every hit moves by an amount
+    /// depending on the previous one, so neither can be summed from deltas.
+    pub fn has_approximate_path(self) -> bool {
+        matches!(
+            self,
+            Algorithm::FixedWindow | Algorithm::SlidingWindowCounter | Algorithm::TokenBucket
+        )
+    }
 }
 
 impl fmt::Display for Algorithm {

@@ -94,12 +94,20 @@ impl GlobalRule {
         }
     }
 
-    /// The rule as a global rule, if it is `scope: global` with a limit.
+    /// The rule's first limit as a global rule, if it is `scope: global`
+    /// with a limit.
     pub fn of_rule(rule: &Rule) -> Option<GlobalRule> {
-        let params = rule.params.as_ref()?;
+        GlobalRule::of_limit(rule, 0)
+    }
+
+    /// Limit `index` of the rule as a global rule, under
+    /// [`Rule::limit_id`]: each limit of a `limits:` rule is allocated on
+    /// its own (the rule's partition and fallback apply to each).
+    pub fn of_limit(rule: &Rule, index: usize) -> Option<GlobalRule> {
+        let params = rule.limits().nth(index)?;
         (rule.scope == Scope::Global).then(|| {
             GlobalRule::new(
-                &rule.id,
+                &rule.limit_id(index),
                 params.limit(),
                 params.algorithm(),
                 rule.accuracy,
@@ -110,10 +118,13 @@ impl GlobalRule {
         })
     }
 
-    /// Every `scope: global` rule of a parsed rule set, sorted by id.
+    /// Every limit of every `scope: global` rule of a parsed rule set,
+    /// sorted by id.
     pub fn of_rule_set(set: &RuleSet) -> Vec<GlobalRule> {
-        let mut rules: Vec<GlobalRule> =
-            set.rules().filter_map(|r| GlobalRule::of_rule(r)).collect();
+        let mut rules: Vec<GlobalRule> = set
+            .rules()
+            .flat_map(|r| (0..=r.also.len()).filter_map(|i| GlobalRule::of_limit(r, i)))
+            .collect();
         rules.sort_by(|a, b| a.policy.rule.cmp(&b.policy.rule));
         rules
     }

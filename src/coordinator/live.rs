@@ -162,10 +162,11 @@ impl Live {
             Some(Ok(set)) => set
                 .rules()
                 .filter(|r| r.scope == crate::rules::Scope::Global)
-                .filter_map(|r| {
-                    let params = r.params.as_ref()?;
-                    Some((
-                        r.id.clone(),
+                // Each limit of a `limits:` rule is allocated under its own id.
+                .flat_map(|r| r.limits().enumerate().map(move |(i, p)| (r, i, p)))
+                .map(|(r, i, params)| {
+                    (
+                        r.limit_id(i).into_owned(),
                         RuleMeta {
                             algorithm: params.algorithm(),
                             accuracy: match r.accuracy {
@@ -178,7 +179,7 @@ impl Live {
                             },
                             period_ms: params.period().as_millis() as u64,
                         },
-                    ))
+                    )
                 })
                 .collect(),
             _ => BTreeMap::new(),

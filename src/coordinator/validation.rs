@@ -46,8 +46,9 @@ pub fn validate(
             reason: e.reason,
         })),
         Ok(set) if shared_floor_per_minute > 0.0 => {
-            for rule in set.rules().filter(|r| r.counts_all_callers_together()) {
-                let Some(params) = &rule.params else { continue };
+            let shared = set.rules().filter(|r| r.counts_all_callers_together());
+            // Every limit of a `limits:` rule: any one of them can throttle all.
+            for (rule, params) in shared.flat_map(|r| r.limits().map(move |p| (r, p))) {
                 let floor = shared_floor_per_minute;
                 let below = |what: String| {
                     format!(
@@ -174,6 +175,15 @@ mod tests {
         // Windowed algorithms have no burst: the rate alone decides.
         let window = bucket(1).replace("    algorithm: token_bucket\n    burst: 1\n", "");
         assert_eq!(validate(&file(&window), 600.0), Ok(()));
+    }
+
+    /// A `limits:` rule's second limit is held to the floor as its first is.
+    #[test]
+    fn every_limit_of_a_shared_limits_rule_is_held_to_the_floor() {
+        let text = "domain: api\ndescriptors:\n  - key: path\n    value: /login\n    limits:\n      - {rate_limit: {unit: minute, requests_per_unit: 50}}\n      - {rate_limit: {unit: hour, requests_per_unit: 60}}\n";
+        let issues = validate(&file(text), 10.0).unwrap_err();
+        assert_eq!(issues.len(), 1, "the hourly limit alone: {issues:?}");
+        assert!(issues[0].reason.contains("1.00 per minute"), "{issues:?}");
     }
 
     #[test]

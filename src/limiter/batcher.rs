@@ -76,7 +76,6 @@
 //! measures the process).
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -98,17 +97,6 @@ use crate::store::{Limit, StoreError, key};
 /// clients as one big call would); on a Cluster calls go to many slots and
 /// nodes, so one at a time would take a round trip per slot.
 const CLUSTER_CALLS_AT_ONCE: usize = 16;
-
-/// The algorithms with an approximate path. Sliding log keeps one entry per
-/// hit (nothing to batch into a count) and GCRA's state is a timestamp that
-/// every hit moves by an amount depending on the previous one, so neither
-/// can be summed from deltas.
-pub fn supports(algorithm: Algorithm) -> bool {
-    matches!(
-        algorithm,
-        Algorithm::FixedWindow | Algorithm::SlidingWindowCounter | Algorithm::TokenBucket
-    )
-}
 
 /// `max_batch` when the rule does not set it: limit / 100, at least 1.
 pub fn default_max_batch(params: &Params) -> u64 {
@@ -221,7 +209,8 @@ struct Counter {
 
 /// What the local view says about one check.
 enum Step {
-    Decided(Decision),
+    /// One decision per limit.
+    Decided(Vec<Decision>),
     /// The key holds `max_batch` unflushed hits: wait for a flush.
     Wait,
     /// The map is full and does not hold this key.
@@ -292,25 +281,58 @@ impl Batcher {
         cost: u64,
         batching: Batching,
     ) -> Result<Option<Decision>, StoreError> {
-        if cost > 0
-            && let Some(denied) = precheck(&limit.params, cost)?
-        {
-            return Ok(Some(denied));
+        let decided = self
+            .check_all(std::slice::from_ref(limit), key, cost, &[batching])
+            .await?;
+        Ok(decided.and_then(|mut d| d.pop()))
+    }
+
+    /// [`Batcher::check`] for the limits of a `limits:` rule, decided
+    /// together from the local views of their counters: admitted only when
+    /// every limit admits, and then counted in each (a denial charges none).
+    /// The counters are the exact path's (`store::redis::check_all`): limit
+    /// `j > 0` under `<prefix>:<j>`, all in one hash tag. One decision per
+    /// limit, or one alone when a limit refuses the cost outright.
+    pub async fn check_all(
+        &self,
+        limits: &[Limit],
+        key: &str,
+        cost: u64,
+        batchings: &[Batching],
+    ) -> Result<Option<Vec<Decision>>, StoreError> {
+        let Some(first) = limits.first() else {
+            return Ok(Some(Vec::new()));
+        };
+        if cost > 0 {
+            for limit in limits {
+                if let Some(denied) = precheck(&limit.params, cost)? {
+                    return Ok(Some(vec![denied]));
+                }
+            }
         }
         // Local decisions never wait on I/O: give other tasks their turn
         // when this task has used its budget.
         tokio::task::consume_budget().await;
         // Before anything is stored: this refuses rules and keys over 512 bytes.
-        let prefix = key::key_prefix(&limit.rule, key)?;
-        self.shared
-            .tick_us
-            .fetch_min(batching.sync_interval.as_micros() as i64, Ordering::Relaxed);
+        let prefix = key::key_prefix(&first.rule, key)?;
+        let prefixes: Vec<String> = (1..limits.len()).map(|j| format!("{prefix}:{j}")).collect();
+        let counters: Vec<(&Limit, &str, Batching)> = limits
+            .iter()
+            .zip(std::iter::once(prefix.as_str()).chain(prefixes.iter().map(String::as_str)))
+            .zip(batchings.iter().copied())
+            .map(|((limit, prefix), batching)| (limit, prefix, batching))
+            .collect();
+        for (_, _, batching) in &counters {
+            self.shared
+                .tick_us
+                .fetch_min(batching.sync_interval.as_micros() as i64, Ordering::Relaxed);
+        }
         let deadline = self.shared.store.deadline();
         let mut flushes = self.shared.flushed.subscribe();
         let waited_since = Instant::now();
         loop {
-            match self.try_decide(limit, &prefix, cost, batching) {
-                Step::Decided(decision) => return Ok(Some(decision)),
+            match self.try_decide(&counters, cost) {
+                Step::Decided(decisions) => return Ok(Some(decisions)),
                 Step::Untracked => {
                     self.shared
                         .untracked
@@ -332,11 +354,12 @@ impl Batcher {
         }
     }
 
-    /// The local decision, or why there is none.
-    fn try_decide(&self, limit: &Limit, prefix: &str, cost: u64, batching: Batching) -> Step {
-        let params = &limit.params;
+    /// The local decisions of one check over its counters (one per limit),
+    /// or why there are none. Under one lock, so the limits of a check are
+    /// decided and charged together.
+    fn try_decide(&self, counters: &[(&Limit, &str, Batching)], cost: u64) -> Step {
         let now = self.shared.now();
-        let window = match params.algorithm() {
+        let window_of = |params: &Params| match params.algorithm() {
             Algorithm::TokenBucket => 0,
             _ => now / params.period_us(),
         };
@@ -347,70 +370,66 @@ impl Batcher {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let Tracked { map, dirty, .. } = &mut *guard;
-        // A sliding counter's previous window: what was last read of it plus
-        // what this pod still holds for it.
-        let previous = (params.algorithm() == Algorithm::SlidingWindowCounter)
-            .then(|| map.get(&(prefix.to_owned(), window.wrapping_sub(1))))
-            .flatten()
-            .map(|c| c.global + c.in_flight + c.pending);
-        let full = map.len() >= self.shared.max_keys;
-        let counter = match map.entry((prefix.to_owned(), window)) {
-            Entry::Occupied(tracked) => tracked.into_mut(),
-            Entry::Vacant(_) if full => return Step::Untracked,
-            Entry::Vacant(new) => new.insert(Counter::new(params, batching, instant)),
-        };
-        counter.touched = instant;
-        counter.params = params.clone();
-        counter.batching = batching;
-        // In flight counts too: a pod never holds max_batch hits the others cannot see.
-        if cost > 0 && counter.pending + counter.in_flight >= batching.max_batch {
+        // Room for every counter this check needs, or it takes the exact
+        // path (looked up only near the cap: a lookup costs a key's copy).
+        if map.len() + counters.len() > self.shared.max_keys {
+            let missing = counters
+                .iter()
+                .filter(|(limit, prefix, _)| {
+                    !map.contains_key(&((*prefix).to_owned(), window_of(&limit.params)))
+                })
+                .count();
+            if missing > 0 && map.len() + missing > self.shared.max_keys {
+                return Step::Untracked;
+            }
+        }
+        let mut decisions = Vec::with_capacity(counters.len());
+        let mut wait = false;
+        let mut full = false;
+        let one = counters.len() == 1;
+        for &(limit, prefix, batching) in counters {
+            let params = &limit.params;
+            let window = window_of(params);
+            // A sliding counter's previous window: what was last read of it
+            // plus what this pod still holds for it.
+            let previous = (params.algorithm() == Algorithm::SlidingWindowCounter)
+                .then(|| map.get(&(prefix.to_owned(), window.wrapping_sub(1))))
+                .flatten()
+                .map(|c| c.global + c.in_flight + c.pending);
+            let counter = map
+                .entry((prefix.to_owned(), window))
+                .or_insert_with(|| Counter::new(params, batching, instant));
+            counter.touched = instant;
+            counter.params = params.clone();
+            counter.batching = batching;
+            // In flight counts too: a pod never holds max_batch hits the others cannot see.
+            if cost > 0 && counter.pending + counter.in_flight >= batching.max_batch {
+                wait = true;
+                continue;
+            }
+            let decision = counter.local_decision(previous, window, now, cost);
+            // One limit: charged here, without a second lookup.
+            if one && decision.allowed && cost > 0 {
+                full |= counter.charge(cost, instant, || dirty.push((prefix.to_owned(), window)));
+            }
+            decisions.push(decision);
+        }
+        if wait {
             return Step::Wait;
         }
-        let unflushed = counter.pending + counter.in_flight;
-        let outcome = match params.algorithm() {
-            Algorithm::FixedWindow => {
-                let mut state = fixed_window::State {
-                    window,
-                    count: counter.global + unflushed,
-                };
-                fixed_window::decide(&mut state, now, cost, params)
-            }
-            Algorithm::SlidingWindowCounter => {
-                let mut state = sliding_counter::State {
-                    window,
-                    current: counter.global + unflushed,
-                    previous: previous.unwrap_or(counter.previous).max(counter.previous),
-                };
-                sliding_counter::decide(&mut state, now, cost, params)
-            }
-            _ => {
-                let unit = params.scale().unit;
-                let level = (counter.previous > 0).then(|| token_bucket::Level {
-                    tokens: counter.global.saturating_sub(unflushed * unit),
-                    tick: counter.previous,
-                });
-                let level = level.or_else(|| {
-                    (unflushed > 0).then(|| token_bucket::Level {
-                        tokens: params.scale().capacity.saturating_sub(unflushed * unit),
-                        tick: now / params.tick_us(),
-                    })
-                });
-                let mut state = token_bucket::State { level };
-                token_bucket::decide(&mut state, now, cost, params)
-            }
-        };
-        if outcome.decision.allowed && cost > 0 {
-            counter.pending += cost;
-            if counter.pending_since.is_none() {
-                counter.pending_since = Some(instant);
-                dirty.push((prefix.to_owned(), window));
-            }
-            if counter.pending >= batching.max_batch {
-                drop(guard);
-                self.shared.wake.notify_one();
+        if !one && cost > 0 && decisions.iter().all(|d| d.allowed) {
+            for &(limit, prefix, _) in counters {
+                let id = (prefix.to_owned(), window_of(&limit.params));
+                if let Some(counter) = map.get_mut(&id) {
+                    full |= counter.charge(cost, instant, || dirty.push(id));
+                }
             }
         }
-        Step::Decided(outcome.decision)
+        if full {
+            drop(guard);
+            self.shared.wake.notify_one();
+        }
+        Step::Decided(decisions)
     }
 
     /// Sends every pending delta (and every call waiting for a retry) now,
@@ -425,6 +444,63 @@ impl Batcher {
 }
 
 impl Counter {
+    /// Counts `cost` admitted hits; `newly_dirty` runs when the counter had
+    /// nothing pending. True when it now holds `max_batch` (wake the flusher).
+    fn charge(&mut self, cost: u64, now: Instant, newly_dirty: impl FnOnce()) -> bool {
+        self.pending += cost;
+        if self.pending_since.is_none() {
+            self.pending_since = Some(now);
+            newly_dirty();
+        }
+        self.pending >= self.batching.max_batch
+    }
+
+    /// The check's decision from this pod's view: the last global value
+    /// read plus the hits it has not seen yet. Changes nothing.
+    fn local_decision(
+        &self,
+        previous: Option<u64>,
+        window: u64,
+        now: Micros,
+        cost: u64,
+    ) -> Decision {
+        let params = &self.params;
+        let unflushed = self.pending + self.in_flight;
+        let outcome = match params.algorithm() {
+            Algorithm::FixedWindow => {
+                let mut state = fixed_window::State {
+                    window,
+                    count: self.global + unflushed,
+                };
+                fixed_window::decide(&mut state, now, cost, params)
+            }
+            Algorithm::SlidingWindowCounter => {
+                let mut state = sliding_counter::State {
+                    window,
+                    current: self.global + unflushed,
+                    previous: previous.unwrap_or(self.previous).max(self.previous),
+                };
+                sliding_counter::decide(&mut state, now, cost, params)
+            }
+            _ => {
+                let unit = params.scale().unit;
+                let level = (self.previous > 0).then(|| token_bucket::Level {
+                    tokens: self.global.saturating_sub(unflushed * unit),
+                    tick: self.previous,
+                });
+                let level = level.or_else(|| {
+                    (unflushed > 0).then(|| token_bucket::Level {
+                        tokens: params.scale().capacity.saturating_sub(unflushed * unit),
+                        tick: now / params.tick_us(),
+                    })
+                });
+                let mut state = token_bucket::State { level };
+                token_bucket::decide(&mut state, now, cost, params)
+            }
+        };
+        outcome.decision
+    }
+
     fn new(params: &Params, batching: Batching, now: Instant) -> Counter {
         Counter {
             params: params.clone(),

@@ -327,11 +327,8 @@ impl Engine {
             });
         };
         if !rule.also.is_empty() && check.limit.is_none() {
-            let verdict = self
-                .check_all(rule, params, check.counter_key, check.cost)
-                .await?;
-            self.record(rule, &verdict, check.metric_key, started.elapsed());
-            return Ok(verdict);
+            let limits = rule.limits().collect::<Vec<_>>();
+            return Ok(self.check_limits(check, &limits).await?.0);
         }
         let limit = Limit {
             rule: rule.id.clone(),
@@ -378,27 +375,58 @@ impl Engine {
         Ok(verdict)
     }
 
-    /// A rule with `limits:`: every limit in one store call, admitted only
-    /// when all admit (a denial charges none); the verdict is the tightest
-    /// limit's (the longest retry among denials, else the least remaining),
-    /// with `limit_index` saying which. No over-limit cache and no split:
-    /// the parser allows neither beside `limits:`. On a store failure the
-    /// fail mode decides: `local` over all limits, each ÷ pods.
-    async fn check_all(
+    /// A rule with `limits:`, checked against `limits` (the rule's own, or
+    /// this region's allocation of each): every limit in one store call,
+    /// admitted only when all admit (a denial charges none); the verdict is
+    /// the tightest limit's (the longest retry among denials, else the least
+    /// remaining), with `limit_index` saying which. Also answers each
+    /// limit's decision, in order, when the store gave one per limit (a
+    /// denial before any counter was read gives one only). No over-limit
+    /// cache and no split: the parser allows neither beside `limits:`. On a
+    /// store failure the fail mode decides: `local` over all limits, each ÷
+    /// pods.
+    pub async fn check_limits(
         &self,
-        rule: &Rule,
-        first: &Params,
-        key: &str,
-        cost: u64,
-    ) -> Result<Verdict, InvalidInput> {
-        let limits: Vec<Limit> = std::iter::once(first)
-            .chain(rule.also.iter().map(|(_, p)| p))
+        check: Check<'_>,
+        limits: &[&Params],
+    ) -> Result<(Verdict, Vec<Decision>), InvalidInput> {
+        let started = Instant::now();
+        let rule = check.rule;
+        let Some(first) = limits.first().copied() else {
+            return Ok((
+                Verdict {
+                    decision: unlimited(),
+                    source: Source::Unlimited,
+                    shadow_denied: false,
+                    limit_index: 0,
+                },
+                Vec::new(),
+            ));
+        };
+        let (key, cost) = (check.counter_key, check.cost);
+        let limits: Vec<Limit> = limits
+            .iter()
             .map(|p| Limit {
                 rule: rule.id.clone(),
-                params: p.clone(),
+                params: Params::clone(p),
             })
             .collect();
         let stored = async {
+            // The approximate path when every limit's algorithm has one; a
+            // key it cannot track (the map is full) takes the exact path.
+            #[cfg(feature = "redis")]
+            if let AnyStore::Redis(redis) = &self.store
+                && let Some(batchings) = limits
+                    .iter()
+                    .map(|l| approximate(rule, &l.params))
+                    .collect::<Option<Vec<_>>>()
+                && let Some(decisions) = self
+                    .batcher(redis)
+                    .check_all(&limits, key, cost, &batchings)
+                    .await?
+            {
+                return Ok(decisions);
+            }
             let _permit = self.in_flight.acquire().await.ok();
             let now = Instant::now();
             if !self.breaker.allow(now) {
@@ -446,7 +474,8 @@ impl Engine {
         let (index, decision) = tightest(&decisions);
         let mut verdict = shadow(rule, decision, source);
         verdict.limit_index = index;
-        Ok(verdict)
+        self.record(rule, &verdict, check.metric_key, started.elapsed());
+        Ok((verdict, decisions))
     }
 
     /// Counts a verdict and its latency under its rule (and its value, for
@@ -674,7 +703,7 @@ fn approximate(rule: &Rule, params: &Params) -> Option<Batching> {
     else {
         return None;
     };
-    batcher::supports(params.algorithm()).then(|| Batching {
+    params.algorithm().has_approximate_path().then(|| Batching {
         sync_interval,
         max_batch: max_batch.unwrap_or_else(|| batcher::default_max_batch(params)),
     })

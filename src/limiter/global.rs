@@ -52,6 +52,17 @@ pub enum GlobalLimit {
     Nothing,
 }
 
+/// What limits a check of a `limits:` rule runs against.
+#[derive(Debug, Clone)]
+pub enum GlobalLimits {
+    /// Not a global rule here (or no coordinator): the rule's own limits.
+    Rule,
+    /// This region's allocation of each limit, in the rule's order.
+    Allocated(Vec<Params>),
+    /// The region holds nothing for this key under at least one limit.
+    Nothing,
+}
+
 /// A decided check of a global rule, as the demand report counts it.
 #[derive(Debug, Clone, Copy)]
 pub struct Counted {
@@ -210,10 +221,10 @@ impl Global {
         self.is_global(rule).then(|| self.flight.enter())
     }
 
-    /// Rules whose window use this pod reports: exact fixed windows, where a
-    /// decision's `limit − remaining` is the key's count in the window.
-    fn counted_window_ms(rule: &Rule) -> Option<u64> {
-        GlobalRule::of_rule(rule)
+    /// Limits whose window use this pod reports: exact fixed windows, where
+    /// a decision's `limit − remaining` is the key's count in the window.
+    fn counted_window_ms(rule: &Rule, index: usize) -> Option<u64> {
+        GlobalRule::of_limit(rule, index)
             .filter(|g| g.counted && g.period_ms > 0)
             .map(|g| g.period_ms)
     }
@@ -247,8 +258,38 @@ impl Global {
         let Some(params) = &rule.params else {
             return Ok(GlobalLimit::Rule);
         };
+        self.allocated(&rule.id, params, key, overridden)
+    }
+
+    /// The limits for `key` of a `limits:` rule in this region now: each
+    /// limit is allocated on its own ([`Rule::limit_id`]), and the region
+    /// holds nothing for the key when it holds nothing under any one of them.
+    pub fn limits(&self, rule: &Rule, key: &str) -> Result<GlobalLimits, InvalidInput> {
+        if !self.is_global(rule) {
+            return Ok(GlobalLimits::Rule);
+        }
+        let mut limits = Vec::with_capacity(rule.also.len() + 1);
+        for (index, params) in rule.limits().enumerate() {
+            match self.allocated(&rule.limit_id(index), params, key, None)? {
+                GlobalLimit::Allocated(p) => limits.push(p),
+                GlobalLimit::Rule => limits.push(params.clone()),
+                GlobalLimit::Nothing => return Ok(GlobalLimits::Nothing),
+            }
+        }
+        Ok(GlobalLimits::Allocated(limits))
+    }
+
+    /// This region's value of the limit allocated under `id` (whose rule
+    /// gives it `params`), applied to `overridden` when there is one.
+    fn allocated(
+        &self,
+        id: &str,
+        params: &Params,
+        key: &str,
+        overridden: Option<&Params>,
+    ) -> Result<GlobalLimit, InvalidInput> {
         let table = self.table.read().unwrap_or_else(|p| p.into_inner());
-        let Some(allocated) = table.limit(&rule.id, key, now_unix_ms()) else {
+        let Some(allocated) = table.limit(id, key, now_unix_ms()) else {
             return Ok(GlobalLimit::Nothing);
         };
         let allocated = allocated.min(params.limit());
@@ -277,6 +318,12 @@ impl Global {
     /// Counts a decided check of a global rule; asks for a top-up when the
     /// key used 90 % of its allocation before the window is over.
     pub fn record(&self, rule: &Rule, key: &str, counted: Counted) {
+        self.record_limit(rule, 0, key, counted);
+    }
+
+    /// [`Global::record`] for limit `index` of a `limits:` rule, counted
+    /// under its own id ([`Rule::limit_id`]).
+    pub fn record_limit(&self, rule: &Rule, index: usize, key: &str, counted: Counted) {
         let Counted {
             cost,
             allowed,
@@ -287,6 +334,11 @@ impl Global {
         if !self.is_global(rule) || cost == 0 {
             return;
         }
+        let Some(params) = rule.limits().nth(index) else {
+            return;
+        };
+        let id = rule.limit_id(index);
+        let id = id.as_ref();
         let mut guard = self.demand();
         // One borrow of the whole, so its fields can be borrowed apart.
         let demand = &mut *guard;
@@ -294,10 +346,10 @@ impl Global {
             demand.since = Some(Instant::now());
         }
         // Looked up by reference: a known key costs no allocation.
-        if !demand.hits.contains_key(rule.id.as_str()) {
-            demand.hits.insert(rule.id.clone(), RuleHits::default());
+        if !demand.hits.contains_key(id) {
+            demand.hits.insert(id.to_owned(), RuleHits::default());
         }
-        let Some(rule_hits) = demand.hits.get_mut(rule.id.as_str()) else {
+        let Some(rule_hits) = demand.hits.get_mut(id) else {
             return;
         };
         if demand.tracked < MAX_TRACKED_KEYS && !rule_hits.keys.contains_key(key) {
@@ -316,48 +368,43 @@ impl Global {
         let used = limit.saturating_sub(remaining);
         if allowed
             && window_use
-            && let Some(period) = Self::counted_window_ms(rule)
+            && let Some(period) = Self::counted_window_ms(rule, index)
         {
             let p = period as Millis;
             let start = now_unix_ms().div_euclid(p) * p;
-            match demand.seen.get_mut(rule.id.as_str()) {
+            match demand.seen.get_mut(id) {
                 Some(seen) if seen.0 == start => seen.1 = seen.1.max(used),
                 Some(seen) if seen.0 < start => {
                     let ended = std::mem::replace(seen, (start, used));
-                    demand.ended.insert(rule.id.clone(), ended);
+                    demand.ended.insert(id.to_owned(), ended);
                 }
                 Some(_) => {}
                 None => {
-                    demand.seen.insert(rule.id.clone(), (start, used));
+                    demand.seen.insert(id.to_owned(), (start, used));
                 }
             }
         }
-        if allowed
-            && window_use
-            && let Some(params) = rule.params.as_ref().filter(|p| !p.algorithm().has_burst())
-        {
+        if allowed && window_use && !params.algorithm().has_burst() {
             let p = (params.period().as_millis() as Millis).max(1);
             let start = now_unix_ms().div_euclid(p) * p;
-            match demand.peak.get_mut(rule.id.as_str()) {
+            match demand.peak.get_mut(id) {
                 Some(peak) if peak.0 == start => peak.2 = peak.2.max(used),
                 Some(peak) if peak.0 < start => *peak = (start, start + p, used),
                 Some(_) => {}
                 None => {
-                    demand
-                        .peak
-                        .insert(rule.id.clone(), (start, start + p, used));
+                    demand.peak.insert(id.to_owned(), (start, start + p, used));
                 }
             }
         }
         if !TopUp::wanted(used, limit) {
             return;
         }
-        let id = (rule.id.clone(), key.to_string());
+        let rule_id = id;
+        let id = (rule_id.to_owned(), key.to_string());
         let due = demand
             .last_top_up
             .get(&id)
             .is_none_or(|t| t.elapsed() >= TOP_UP_EVERY);
-        let Some(params) = &rule.params else { return };
         // A report carries at most MAX_REPORT_TOP_UPS (the coordinator refuses
         // more), and the keys asking within a second are bounded the same way.
         if !due
@@ -374,7 +421,7 @@ impl Global {
             return;
         }
         let top_up = TopUp::measured(
-            &rule.id,
+            rule_id,
             key,
             asked.0,
             since.as_millis() as u64,
@@ -391,7 +438,7 @@ impl Global {
             demand.last_top_up.retain(|_, t| t.elapsed() < TOP_UP_EVERY);
         }
         drop(guard);
-        counter!("meridian_allocation_top_ups_total", "rule" => rule.id.clone()).increment(1);
+        counter!("meridian_allocation_top_ups_total", "rule" => rule_id.to_owned()).increment(1);
         self.wake.notify_one();
     }
 
@@ -402,9 +449,16 @@ impl Global {
         let update = RegionUpdate::from(update);
         *self.counted.write().unwrap_or_else(|p| p.into_inner()) = rules
             .rules()
-            .filter_map(|r| Some((r.id.clone(), Self::counted_window_ms(r)?)))
+            .flat_map(|r| {
+                (0..=r.also.len()).filter_map(move |i| {
+                    Some((r.limit_id(i).into_owned(), Self::counted_window_ms(r, i)?))
+                })
+            })
             .collect();
-        let window = |id: &str| GlobalRule::of_rule(rules.rule(id)?)?.policy.window_ms;
+        let window = |id: &str| {
+            let (rule, index) = rules.limit_of(id)?;
+            GlobalRule::of_limit(rule, index)?.policy.window_ms
+        };
         let result = self.table.write().unwrap_or_else(|p| p.into_inner()).apply(
             &update,
             now_unix_ms(),

@@ -9,7 +9,7 @@ use metrics::{counter, gauge};
 
 use super::engine::{Check, Engine, Source, Verdict};
 #[cfg(feature = "server")]
-use super::global::{Counted, Global, GlobalLimit};
+use super::global::{Counted, Global, GlobalLimit, GlobalLimits};
 use super::rule_source::RuleSource;
 use crate::algorithm::{DenyReason, InvalidInput, Params};
 use crate::rules::{Rule, RuleSet, Unit};
@@ -350,6 +350,9 @@ impl Service {
     #[cfg(feature = "server")]
     async fn decide_global(&self, check: Check<'_>) -> Result<Verdict, InvalidInput> {
         let _in_flight = self.global.flight(check.rule);
+        if !check.rule.also.is_empty() && check.limit.is_none() {
+            return self.decide_global_limits(check).await;
+        }
         let verdict = match self
             .global
             .limit(check.rule, check.counter_key, check.limit)?
@@ -379,6 +382,44 @@ impl Service {
                 window_use: check.limit.is_none(),
             },
         );
+        Ok(verdict)
+    }
+
+    /// A `limits:` rule through this region's allocation of each limit:
+    /// one store call over all of them, and each limit's hits counted as
+    /// demand under its own id, with its own decision's window use.
+    #[cfg(feature = "server")]
+    async fn decide_global_limits(&self, check: Check<'_>) -> Result<Verdict, InvalidInput> {
+        let rule = check.rule;
+        let allocated = match self.global.limits(rule, check.counter_key)? {
+            GlobalLimits::Rule => return self.engine.check(check).await,
+            GlobalLimits::Allocated(limits) => limits,
+            GlobalLimits::Nothing => Vec::new(),
+        };
+        let (verdict, decisions) = if allocated.is_empty() {
+            (self.engine.unallocated(rule), Vec::new())
+        } else {
+            let limits: Vec<&Params> = allocated.iter().collect();
+            self.engine.check_limits(check, &limits).await?
+        };
+        let allowed = verdict.decision.allowed && !verdict.shadow_denied;
+        for index in 0..=rule.also.len() {
+            // A denial before any counter was read answers one decision:
+            // the verdict's, which then stands for every limit.
+            let d = decisions.get(index).unwrap_or(&verdict.decision);
+            self.global.record_limit(
+                rule,
+                index,
+                check.counter_key,
+                Counted {
+                    cost: check.cost,
+                    allowed,
+                    limit: d.limit,
+                    remaining: d.remaining,
+                    window_use: decisions.len() > index,
+                },
+            );
+        }
         Ok(verdict)
     }
 }

@@ -31,7 +31,10 @@ use std::sync::Arc;
 
 pub use depth::{MAX_DEPTH, TooDeep, check_depth};
 pub use duration::{format_duration, parse_duration};
-pub use model::{Accuracy, FailMode, Partition, Resolved, Rule, RuleFile, Scope, Unit};
+pub use model::{
+    Accuracy, FailMode, LIMIT_ID_MARK, Partition, Resolved, Rule, RuleFile, Scope, Unit,
+    split_limit_id,
+};
 
 /// String-keyed maps on the hot path: foldhash, not SipHash. Rule files are
 /// written by operators, not clients, so HashDoS resistance buys nothing here.
@@ -277,6 +280,14 @@ impl RuleSet {
     /// A rule by its id.
     pub fn rule(&self, id: &str) -> Option<&Arc<Rule>> {
         self.rules.iter().find(|r| r.id == id)
+    }
+
+    /// The rule and limit index behind an id of [`Rule::limit_id`] (a
+    /// rule's own id is its first limit).
+    pub fn limit_of(&self, id: &str) -> Option<(&Arc<Rule>, usize)> {
+        let (rule_id, index) = split_limit_id(id);
+        let rule = self.rule(rule_id)?;
+        (index <= rule.also.len()).then_some((rule, index))
     }
 
     /// Every rule (limited or `unlimited`), in file order.

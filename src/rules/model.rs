@@ -91,6 +91,21 @@ pub enum Partition {
     Available,
 }
 
+/// What separates a rule's id from the number of one of its `limits:`
+/// ([`Rule::limit_id`]).
+pub const LIMIT_ID_MARK: &str = "%limit";
+
+/// The rule id and limit index (0-based) of an id from [`Rule::limit_id`].
+pub fn split_limit_id(id: &str) -> (&str, usize) {
+    match id.rsplit_once(LIMIT_ID_MARK) {
+        Some((rule, n)) => match n.parse::<usize>() {
+            Ok(n) if n >= 2 => (rule, n - 1),
+            _ => (id, 0),
+        },
+        None => (id, 0),
+    }
+}
+
 /// One limit in a rule file, validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rule {
@@ -279,6 +294,25 @@ impl Rule {
         match index {
             0 => self.unit,
             i => self.also.get(i - 1).map_or(self.unit, |(unit, _)| *unit),
+        }
+    }
+
+    /// Every limit of the rule with its params, in order (one for a
+    /// `rate_limit` rule, the entries of `limits:` otherwise; none when the
+    /// rule has no params).
+    pub fn limits(&self) -> impl Iterator<Item = &Params> {
+        self.params.iter().chain(self.also.iter().map(|(_, p)| p))
+    }
+
+    /// The id limit `index` is allocated and reported under: the rule's id
+    /// for the first, `<id>%limit<n>` (n from 2) for the others of a
+    /// `limits:` rule, which a `scope: global` rule allocates each on its
+    /// own. `%` is always escaped (`%25`) inside a rule id, so `%limit`
+    /// can name no other rule.
+    pub fn limit_id(&self, index: usize) -> std::borrow::Cow<'_, str> {
+        match index {
+            0 => std::borrow::Cow::Borrowed(&self.id),
+            i => std::borrow::Cow::Owned(format!("{}{LIMIT_ID_MARK}{}", self.id, i + 1)),
         }
     }
 

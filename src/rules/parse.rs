@@ -666,7 +666,9 @@ impl Cx<'_> {
     /// A descriptor's `limits:` list: several limits on one counter key, each
     /// entry with `algorithm`, `burst`, `period` and `rate_limit` as a
     /// single rule has them. Beside the list, the descriptor may carry
-    /// `fail_mode`; the first entry's `rate_limit.name` names the rule.
+    /// `fail_mode`, `scope` (with `partition` and `fallback`) and `accuracy`
+    /// (with `sync_interval` and `max_batch`), which apply to every limit;
+    /// the first entry's `rate_limit.name` names the rule.
     fn limits(
         &mut self,
         map: &MarkedMappingNode,
@@ -705,15 +707,17 @@ impl Cx<'_> {
             return None;
         }
         for (k, _) in map.iter() {
-            if LIMIT_FIELDS.contains(&k.as_str()) && k.as_str() != "fail_mode" {
-                self.err(
-                    scalar_line(k),
-                    k.as_str(),
-                    "not supported beside limits yet: put algorithm, burst and period in each \
-                     entry; scope, accuracy, split, partition and fallback need a single \
-                     rate_limit",
-                );
-            }
+            let why = match k.as_str() {
+                "algorithm" | "burst" | "period" => {
+                    "belongs in each entry of limits (each limit has its own)"
+                }
+                "split" => {
+                    "not supported beside limits: the limits' counters share one key so one \
+                     script decides them all, and a split key is K counters"
+                }
+                _ => continue,
+            };
+            self.err(scalar_line(k), k.as_str(), why);
         }
         let mut rules = Vec::with_capacity(items.len());
         for item in items.iter() {
@@ -760,19 +764,38 @@ impl Cx<'_> {
         }
         let mut rest = rules.split_off(1);
         let mut rule = rules.pop()?;
-        if let Some(n) = map.get_node("fail_mode").filter(|n| !is_null(n)) {
-            let choices = [
-                ("open", FailMode::Open),
-                ("closed", FailMode::Closed),
-                ("local", FailMode::Local),
-            ];
-            rule.fail_mode = self.choice(n, "fail_mode", &choices).unwrap_or_default();
+        self.fail_mode(map, &mut rule);
+        // Scope, partition and fallback apply to every limit (a global
+        // rule allocates each on its own); so does accuracy, which each
+        // entry's algorithm must support.
+        self.placement(map, &mut rule);
+        let algorithms: Vec<Algorithm> = std::iter::once(&rule)
+            .chain(&rest)
+            .filter_map(|r| r.params.as_ref().map(|p| p.algorithm()))
+            .collect();
+        self.accuracy(map, &mut rule, algorithms.first().copied());
+        if let Some(n) = map.get_node("accuracy")
+            && matches!(rule.accuracy, Accuracy::Approximate { .. })
+        {
+            for (i, a) in algorithms.iter().enumerate().skip(1) {
+                if !a.has_approximate_path() {
+                    self.err(
+                        line(n),
+                        "accuracy",
+                        format!(
+                            "approximate is only available for fixed_window, \
+                             sliding_window_counter and token_bucket, not {a} (limit {})",
+                            i + 1
+                        ),
+                    );
+                }
+            }
         }
         rule.also = rest
             .drain(..)
             .filter_map(|r| r.params.map(|p| (r.unit, p)))
             .collect();
-        Some(rule)
+        (self.errors.len() == before).then_some(rule)
     }
 
     /// Errors for Meridian's limit fields on a node without a limit.
@@ -892,18 +915,8 @@ impl Cx<'_> {
         };
         let burst = get("burst").and_then(|n| self.integer(n, "burst").map(|b| (b, line(n))));
 
-        if let Some(n) = get("fail_mode") {
-            let choices = [
-                ("open", FailMode::Open),
-                ("closed", FailMode::Closed),
-                ("local", FailMode::Local),
-            ];
-            rule.fail_mode = self.choice(n, "fail_mode", &choices).unwrap_or_default();
-        }
-        if let Some(n) = get("scope") {
-            let choices = [("region", Scope::Region), ("global", Scope::Global)];
-            rule.scope = self.choice(n, "scope", &choices).unwrap_or_default();
-        }
+        self.fail_mode(map, &mut rule);
+        self.placement(map, &mut rule);
         self.accuracy(map, &mut rule, algorithm);
         if let Some(n) = get("split") {
             match self.integer(n, "split") {
@@ -927,32 +940,6 @@ impl Cx<'_> {
                     format!("must be 1 to {MAX_SPLIT}, found {k}"),
                 ),
                 None => {}
-            }
-        }
-        for field in ["partition", "fallback"] {
-            if let Some(n) = get(field)
-                && rule.scope != Scope::Global
-            {
-                self.err(line(n), field, "only allowed with scope: global");
-            }
-        }
-        if let Some(n) = get("partition") {
-            let choices = [
-                ("strict", Partition::Strict),
-                ("available", Partition::Available),
-            ];
-            rule.partition = self.choice(n, "partition", &choices).unwrap_or_default();
-        }
-        if let Some(n) = get("fallback")
-            && let Some(text) = self.string(n, "fallback")
-        {
-            match text.trim().parse::<f64>() {
-                Ok(f) if (0.0..=1.0).contains(&f) => rule.fallback = f,
-                _ => self.err(
-                    line(n),
-                    "fallback",
-                    format!("must be a number from 0.0 to 1.0, found {text:?}"),
-                ),
             }
         }
 
@@ -1004,6 +991,54 @@ impl Cx<'_> {
         Some(rule)
     }
 
+    /// `fail_mode` of a descriptor.
+    fn fail_mode(&mut self, map: &MarkedMappingNode, rule: &mut Rule) {
+        if let Some(n) = map.get_node("fail_mode").filter(|n| !is_null(n)) {
+            let choices = [
+                ("open", FailMode::Open),
+                ("closed", FailMode::Closed),
+                ("local", FailMode::Local),
+            ];
+            rule.fail_mode = self.choice(n, "fail_mode", &choices).unwrap_or_default();
+        }
+    }
+
+    /// Where a limit is enforced: `scope`, and a global rule's `partition`
+    /// and `fallback`.
+    fn placement(&mut self, map: &MarkedMappingNode, rule: &mut Rule) {
+        let get = |f: &str| map.get_node(f).filter(|n| !is_null(n));
+        if let Some(n) = get("scope") {
+            let choices = [("region", Scope::Region), ("global", Scope::Global)];
+            rule.scope = self.choice(n, "scope", &choices).unwrap_or_default();
+        }
+        for field in ["partition", "fallback"] {
+            if let Some(n) = get(field)
+                && rule.scope != Scope::Global
+            {
+                self.err(line(n), field, "only allowed with scope: global");
+            }
+        }
+        if let Some(n) = get("partition") {
+            let choices = [
+                ("strict", Partition::Strict),
+                ("available", Partition::Available),
+            ];
+            rule.partition = self.choice(n, "partition", &choices).unwrap_or_default();
+        }
+        if let Some(n) = get("fallback")
+            && let Some(text) = self.string(n, "fallback")
+        {
+            match text.trim().parse::<f64>() {
+                Ok(f) if (0.0..=1.0).contains(&f) => rule.fallback = f,
+                _ => self.err(
+                    line(n),
+                    "fallback",
+                    format!("must be a number from 0.0 to 1.0, found {text:?}"),
+                ),
+            }
+        }
+    }
+
     fn accuracy(&mut self, map: &MarkedMappingNode, rule: &mut Rule, algorithm: Option<Algorithm>) {
         let get = |f: &str| map.get_node(f).filter(|n| !is_null(n));
         let approximate = match get("accuracy") {
@@ -1012,12 +1047,7 @@ impl Cx<'_> {
                 let choices = [("exact", false), ("approximate", true)];
                 let approximate = self.choice(n, "accuracy", &choices).unwrap_or(false);
                 if let Some(a) = algorithm.filter(|_| approximate)
-                    && !matches!(
-                        a,
-                        Algorithm::FixedWindow
-                            | Algorithm::SlidingWindowCounter
-                            | Algorithm::TokenBucket
-                    )
+                    && !a.has_approximate_path()
                 {
                     self.err(
                         line(n),

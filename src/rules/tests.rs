@@ -882,6 +882,46 @@ fn shadowed_set_counts_apart_and_never_enforces() {
     );
 }
 
+/// Scope, partition, fallback and accuracy beside `limits:` apply to every
+/// limit; a global rule's limits are allocated each under its own id.
+#[test]
+fn limits_take_scope_and_accuracy_for_every_limit() {
+    let set = parse(
+        "domain: d
+descriptors:
+  - key: customer
+    scope: global
+    partition: available
+    fallback: 0.25
+    accuracy: approximate
+    max_batch: 3
+    limits:
+      - {algorithm: token_bucket, burst: 20, rate_limit: {unit: second, requests_per_unit: 10}}
+      - {algorithm: sliding_window_counter, rate_limit: {unit: minute, requests_per_unit: 1000}}
+",
+    );
+    let rule = set.rules().next().expect("one rule");
+    assert_eq!(rule.scope, Scope::Global);
+    assert_eq!(rule.partition, Partition::Available);
+    assert_eq!(rule.fallback, 0.25);
+    assert!(matches!(
+        rule.accuracy,
+        Accuracy::Approximate {
+            max_batch: Some(3),
+            ..
+        }
+    ));
+    assert_eq!(rule.limit_id(0), "d|customer");
+    assert_eq!(rule.limit_id(1), "d|customer%limit2");
+    let (found, index) = set.limit_of("d|customer%limit2").expect("limit 2");
+    assert_eq!((found.id.as_str(), index), ("d|customer", 1));
+    assert!(set.limit_of("d|customer%limit3").is_none());
+    assert_eq!(
+        crate::rules::split_limit_id("d|k=a%25limit2"),
+        ("d|k=a%25limit2", 0)
+    );
+}
+
 #[test]
 fn limits_lists_several_limits_on_one_descriptor() {
     let set = parse(
@@ -916,10 +956,24 @@ descriptors:
     let d = "domain: d\ndescriptors:\n  - key: k\n";
     let two = "    limits:\n      - {rate_limit: {unit: second, requests_per_unit: 1}}\n      - {rate_limit: {unit: minute, requests_per_unit: 5}}\n";
     rejects(
-        &format!("{d}    scope: global\n{two}"),
+        &format!("{d}    algorithm: token_bucket\n{two}"),
         4,
-        "scope",
-        "not supported beside limits",
+        "algorithm",
+        "belongs in each entry",
+    );
+    rejects(
+        &format!("{d}    split: 2\n{two}"),
+        4,
+        "split",
+        "share one key",
+    );
+    rejects(
+        &format!(
+            "{d}    accuracy: approximate\n    limits:\n      - {{rate_limit: {{unit: second, requests_per_unit: 1}}}}\n      - {{algorithm: sliding_window_log, rate_limit: {{unit: minute, requests_per_unit: 5}}}}\n"
+        ),
+        4,
+        "accuracy",
+        "not sliding_window_log (limit 2)",
     );
     rejects(
         &format!("{d}    rate_limit: {{unit: second, requests_per_unit: 1}}\n{two}"),
