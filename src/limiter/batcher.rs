@@ -281,8 +281,15 @@ impl Batcher {
         cost: u64,
         batching: Batching,
     ) -> Result<Option<Decision>, StoreError> {
+        if cost > 0
+            && let Some(denied) = precheck(&limit.params, cost)?
+        {
+            return Ok(Some(denied));
+        }
+        // Before anything is stored: this refuses rules and keys over 512 bytes.
+        let prefix = key::key_prefix(&limit.rule, key)?;
         let decided = self
-            .check_all(std::slice::from_ref(limit), key, cost, &[batching])
+            .decide_counters(&[(limit, prefix.as_str(), batching)], cost)
             .await?;
         Ok(decided.and_then(|mut d| d.pop()))
     }
@@ -310,9 +317,6 @@ impl Batcher {
                 }
             }
         }
-        // Local decisions never wait on I/O: give other tasks their turn
-        // when this task has used its budget.
-        tokio::task::consume_budget().await;
         // Before anything is stored: this refuses rules and keys over 512 bytes.
         let prefix = key::key_prefix(&first.rule, key)?;
         let prefixes: Vec<String> = (1..limits.len()).map(|j| format!("{prefix}:{j}")).collect();
@@ -322,7 +326,20 @@ impl Batcher {
             .zip(batchings.iter().copied())
             .map(|((limit, prefix), batching)| (limit, prefix, batching))
             .collect();
-        for (_, _, batching) in &counters {
+        self.decide_counters(&counters, cost).await
+    }
+
+    /// Decides a check over its counters (one per limit, each with its
+    /// prefix), waiting for a flush while one of them holds `max_batch`.
+    async fn decide_counters(
+        &self,
+        counters: &[(&Limit, &str, Batching)],
+        cost: u64,
+    ) -> Result<Option<Vec<Decision>>, StoreError> {
+        // Local decisions never wait on I/O: give other tasks their turn
+        // when this task has used its budget.
+        tokio::task::consume_budget().await;
+        for (_, _, batching) in counters {
             self.shared
                 .tick_us
                 .fetch_min(batching.sync_interval.as_micros() as i64, Ordering::Relaxed);
@@ -331,7 +348,7 @@ impl Batcher {
         let mut flushes = self.shared.flushed.subscribe();
         let waited_since = Instant::now();
         loop {
-            match self.try_decide(&counters, cost) {
+            match self.try_decide(counters, cost) {
                 Step::Decided(decisions) => return Ok(Some(decisions)),
                 Step::Untracked => {
                     self.shared
