@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # One pass from a clean clone gains nothing from incremental state, which
-# cost 2.8 GB of disk across the 41 test binaries (set it to 1 to keep it).
+# cost 2.8 GB of disk across the test binaries (set it to 1 to keep it).
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 apt_install() {
@@ -29,7 +29,7 @@ command -v openssl >/dev/null || apt_install openssl
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
   apt_install chromium chromium-driver
 fi
-# tests/deploy.rs: promtool and a real Prometheus (alerts, dashboard
+# tests/integration/deploy.rs: promtool and a real Prometheus (alerts, dashboard
 # queries against the demo), kubectl kustomize, and the Kubernetes schemas.
 if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
   apt_install prometheus
@@ -45,8 +45,9 @@ fi
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
-# Every integration test starts real servers, so each one names the feature
-# it needs; one left out breaks the library-only build below.
+# Every test binary starts real servers, so each one names the feature it
+# needs (one left out breaks the library-only build below), and every file
+# in tests/integration/ must be a `mod` of its main.rs or it never runs.
 declared=$(awk '/^\[/ { in_test = ($0 == "[[test]]") } in_test && /^name = / { gsub(/"/, "", $3); print $3 }' Cargo.toml)
 missing=""
 for t in tests/*.rs; do
@@ -55,6 +56,16 @@ for t in tests/*.rs; do
 done
 if [ -n "$missing" ]; then
   echo "tests without a [[test]] entry (required-features = [\"server\"]) in Cargo.toml:$missing" >&2
+  exit 1
+fi
+missing=""
+for t in tests/integration/*.rs; do
+  name=$(basename "$t" .rs)
+  [ "$name" = main ] && continue
+  grep -qx "mod $name;" tests/integration/main.rs || missing="$missing $name"
+done
+if [ -n "$missing" ]; then
+  echo "files in tests/integration/ that main.rs does not declare (add \`mod NAME;\`):$missing" >&2
   exit 1
 fi
 echo "==> cargo clippy"

@@ -72,7 +72,7 @@
 //! keys with pending hits (`Tracked::dirty`) and the deltas in flight or
 //! waiting for a retry. In all at most `max_keys × (3 × 3,078 + 464)` bytes:
 //! 970 MB at the default if every rule and key were 512 bytes of `%{}:`,
-//! about 60 MB for keys of 40 bytes (the flood of `tests/approximate_flood.rs`
+//! about 60 MB for keys of 40 bytes (the flood of `tests/integration/approximate_flood.rs`
 //! measures the process).
 
 use std::collections::HashMap;

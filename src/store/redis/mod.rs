@@ -459,7 +459,7 @@ impl RedisStore {
     /// its slot map), and a check's deadline — or the breaker, which lets
     /// one check through a second — ends every such request long before
     /// that; and a client that keeps reconnecting to a killed master may
-    /// never refresh. Measured (tests/cluster_failover.rs), a killed
+    /// never refresh. Measured (tests/integration/cluster_failover.rs), a killed
     /// master's slots stayed failed for good under load without this. At
     /// most one repair is out per connection.
     fn repair(&self, failed: &Cmd) {

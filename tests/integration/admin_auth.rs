@@ -1,0 +1,261 @@
+//! The admin API's credentials: tokens from files, checked from the headers
+//! before a body is read, refusals slowed and counted, reads closed by a read
+//! token, connections capped; the Redis password from a file and never in an
+//! error.
+
+use crate::common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::coordinator::{Cluster, Options, TOKEN};
+use common::limiter::LimiterProcess;
+use common::{RedisServer, meridian_bin};
+
+/// Sends `request` on a fresh connection and returns what comes back within
+/// `within` (empty when nothing does).
+fn raw(addr: &str, request: &str, within: Duration) -> (String, Duration) {
+    let mut stream = TcpStream::connect(addr).expect("connect to the admin API");
+    stream.set_read_timeout(Some(within)).expect("read timeout");
+    let start = Instant::now();
+    stream.write_all(request.as_bytes()).expect("send");
+    let mut buf = [0u8; 4096];
+    let n = stream.read(&mut buf).unwrap_or(0);
+    (
+        String::from_utf8_lossy(&buf[..n]).into_owned(),
+        start.elapsed(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_token_is_refused_from_the_headers_before_any_body_slowly_and_counted() {
+    let cluster = Cluster::start(1, Options::default()).await;
+    let addr = cluster.node(1).http_addr.clone();
+    // A megabyte announced, not one byte of it sent: the answer must come
+    // from the headers alone.
+    let request = format!(
+        "PUT /api/v1/rules HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer wrong-token-of-16\r\n\
+         content-type: application/x-yaml\r\ncontent-length: 1000000\r\n\r\n"
+    );
+    let (answer, took) = raw(&addr, &request, Duration::from_secs(5));
+    assert!(
+        answer.starts_with("HTTP/1.1 401"),
+        "no 401 before the body arrived (after {took:?}): {answer:?}"
+    );
+    assert!(answer.contains("wrong admin token"), "{answer}");
+    assert!(
+        took >= Duration::from_millis(450),
+        "a refused token was answered in {took:?}, not slowed down"
+    );
+    let missing = format!(
+        "POST /api/v1/rules/rollback HTTP/1.1\r\nhost: {addr}\r\ncontent-length: 0\r\n\r\n"
+    );
+    let (answer, _) = raw(&addr, &missing, Duration::from_secs(5));
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    let wrong = cluster
+        .metric(
+            1,
+            "meridian_coordinator_auth_failures_total{kind=\"admin\",reason=\"wrong\"}",
+        )
+        .await;
+    let none = cluster
+        .metric(
+            1,
+            "meridian_coordinator_auth_failures_total{kind=\"admin\",reason=\"missing\"}",
+        )
+        .await;
+    assert_eq!((wrong, none), (1.0, 1.0), "refusals not counted");
+    // The right token still writes.
+    let (status, body) = cluster.put_rules(1, "api").await;
+    assert_eq!(status, 200, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_read_token_reads_need_it_and_probes_stay_open() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let read_token = dir.path().join("read-token");
+    std::fs::write(&read_token, "read-token-0123456789\n").expect("write");
+    let options = Options {
+        extra_args: vec![
+            "--read-token-file".into(),
+            read_token.to_string_lossy().into_owned(),
+        ],
+        ..Options::default()
+    };
+    let cluster = Cluster::start(1, options).await;
+    let url = cluster.node(1).url();
+    let get = |path: &str, token: Option<&str>| {
+        let mut req = cluster.http.get(format!("{url}{path}"));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        req.send()
+    };
+    for path in [
+        "/api/v1/leases",
+        "/api/v1/cluster",
+        "/api/v1/rules",
+        "/api/v1/regions",
+    ] {
+        let status = get(path, None).await.map(|r| r.status().as_u16());
+        assert_eq!(
+            status.ok(),
+            Some(401),
+            "{path} answered without the read token"
+        );
+        let status = get(path, Some("read-token-0123456789"))
+            .await
+            .map(|r| r.status().as_u16());
+        assert_ne!(status.ok(), Some(401), "{path} refused the read token");
+        let status = get(path, Some(TOKEN)).await.map(|r| r.status().as_u16());
+        assert_ne!(status.ok(), Some(401), "{path} refused the admin token");
+    }
+    for path in ["/healthz", "/metrics"] {
+        let status = get(path, None).await.map(|r| r.status().as_u16());
+        assert_eq!(status.ok(), Some(200), "{path} needs no token");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_keeps_at_most_its_connection_cap_open() {
+    let options = Options {
+        extra_args: vec!["--admin-max-connections".into(), "2".into()],
+        ..Options::default()
+    };
+    let mut cluster = Cluster::start(1, options).await;
+    // The harness's client keeps its connections alive: drop them, so the
+    // two slots are the test's.
+    cluster.http = common::http_client().build().expect("HTTP client");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let addr = cluster.node(1).http_addr.clone();
+    let idle: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(&addr).expect("connect"))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let request = format!("GET /healthz HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+    let (answer, _) = raw(&addr, &request, Duration::from_secs(1));
+    assert!(
+        answer.is_empty(),
+        "a third connection was served: {answer:?}"
+    );
+    drop(idle);
+    // The queued connections (the closed idle ones, the one above) are
+    // accepted and finished first; then a new one is served.
+    let mut answer = String::new();
+    for _ in 0..10 {
+        answer = raw(&addr, &request, Duration::from_secs(2)).0;
+        if answer.starts_with("HTTP/1.1 200") {
+            break;
+        }
+    }
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "not served once a slot freed: {answer:?}"
+    );
+}
+
+#[test]
+fn a_missing_or_short_admin_token_stops_the_coordinator_with_the_reason() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let short = dir.path().join("short");
+    std::fs::write(&short, "s3cret").expect("write");
+    let run = |token_args: &[&str]| {
+        let out = Command::new(meridian_bin())
+            .arg("coordinator")
+            .args([
+                "--id",
+                "1",
+                "--raft-addr",
+                "127.0.0.1:1",
+                "--http-addr",
+                "127.0.0.1:2",
+            ])
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(token_args)
+            .env_remove("MERIDIAN_ADMIN_TOKEN")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run meridian coordinator");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = run(&["--admin-token-file", &short.to_string_lossy()]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("at least 16"), "{stderr}");
+    assert!(
+        !stderr.contains("s3cret"),
+        "the token was printed: {stderr}"
+    );
+    let (code, stderr) = run(&[]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("--admin-token-file"), "{stderr}");
+}
+
+#[tokio::test]
+async fn the_redis_password_comes_from_a_file_and_never_appears_in_an_error() {
+    let redis = RedisServer::start_with(&["--requirepass", "pa55-w0rd-in-a-file"]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let password = dir.path().join("redis-password");
+    std::fs::write(&password, "pa55-w0rd-in-a-file\n").expect("write");
+    let rules = "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {name: r, unit: minute, requests_per_unit: 5}\n";
+    let url = format!("redis://127.0.0.1:{}", redis.port());
+    let limiter = LimiterProcess::start(
+        rules,
+        &[
+            "--redis",
+            &url,
+            "--redis-password-file",
+            &password.to_string_lossy(),
+        ],
+    );
+    let answer: serde_json::Value = common::http_client()
+        .build()
+        .expect("HTTP client")
+        .post(limiter.http_url("/v1/check"))
+        .json(&serde_json::json!({"domain": "api", "rule": "r", "key": "a"}))
+        .send()
+        .await
+        .expect("POST /v1/check")
+        .json()
+        .await
+        .expect("JSON answer");
+    assert_eq!(
+        answer["remaining"], 4,
+        "not counted in the authenticated Redis: {answer}"
+    );
+    drop(limiter);
+
+    let wrong = format!("redis://:wrong-s3cret-pass@127.0.0.1:{}", redis.port());
+    let rules_file = dir.path().join("rules.yaml");
+    std::fs::write(&rules_file, rules).expect("write rules");
+    let out = Command::new(meridian_bin())
+        .arg("limiter")
+        .arg("--config")
+        .arg(&rules_file)
+        .args([
+            "--redis",
+            &wrong,
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run meridian limiter");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "started with a wrong password: {stderr}"
+    );
+    assert!(stderr.contains("redis://:***@127.0.0.1"), "{stderr}");
+    assert!(
+        !stderr.contains("wrong-s3cret-pass"),
+        "the password was printed: {stderr}"
+    );
+}

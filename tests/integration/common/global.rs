@@ -1,0 +1,477 @@
+//! A whole Meridian world for global-limit tests: 3 coordinators, and per
+//! region its own `redis-server` and limiter, the limiter reaching every
+//! coordinator through a [`Proxy`] the test can cut. Traffic generators
+//! record every decision; the helpers below group them into clock-aligned
+//! windows.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use meridian::proto::meridian::v1::limiter_client::LimiterClient;
+use meridian::proto::meridian::v1::{Check, CheckRequest};
+use serde_json::Value;
+use tempfile::TempDir;
+
+use super::RedisServer;
+use super::coordinator::{Cluster, Options};
+use super::limiter::LimiterProcess;
+use super::proxy::Proxy;
+
+/// Coordinator timings for tests: rebalance every 2 s, leases of 6 s.
+pub const REBALANCE: Duration = Duration::from_secs(2);
+pub const LEASE: Duration = Duration::from_secs(6);
+
+pub struct Region {
+    pub name: String,
+    /// Kept for its lifetime: the region's Redis stops when the world drops.
+    _redis: RedisServer,
+    pub limiter: LimiterProcess,
+    /// One per coordinator node, in node order.
+    pub proxies: Vec<Proxy>,
+    _dir: TempDir,
+}
+
+pub struct World {
+    pub cluster: Cluster,
+    pub regions: Vec<Region>,
+}
+
+/// Domain `api`, one global fixed-window rule `fw` of `limit` per 4 s,
+/// failing closed (so a store error cannot admit outside the bound).
+pub fn fixed_window_rule(limit: u64) -> String {
+    fixed_window_rule_per(limit, "4s")
+}
+
+/// [`fixed_window_rule`] with another window, e.g. `"12s"`.
+pub fn fixed_window_rule_per(limit: u64, period: &str) -> String {
+    format!(
+        "domain: api
+descriptors:
+  - key: fw
+    scope: global
+    fail_mode: closed
+    algorithm: fixed_window
+    period: {period}
+    rate_limit:
+      name: fw
+      requests_per_unit: {limit}
+"
+    )
+}
+
+/// Domain `api`, two global fixed-window rules of `limit` per 4 s with a
+/// fallback of half the static share, failing closed: `strict`
+/// (`partition: strict`) and `avail` (`partition: available`).
+pub fn strict_and_available(limit: u64) -> String {
+    let rule = |name: &str, partition: &str| {
+        format!(
+            "  - key: {name}
+    scope: global
+    fail_mode: closed
+    partition: {partition}
+    fallback: 0.5
+    algorithm: fixed_window
+    period: 4s
+    rate_limit:
+      name: {name}
+      requests_per_unit: {limit}
+"
+        )
+    };
+    format!(
+        "domain: api\ndescriptors:\n{}{}",
+        rule("strict", "strict"),
+        rule("avail", "available")
+    )
+}
+
+pub fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+impl World {
+    /// Starts the coordinators, puts `rules`, then starts one Redis and one
+    /// limiter per region.
+    pub async fn start(rules: &str, regions: &[&str]) -> World {
+        World::start_with(rules, regions, &["2s", "6s", "2s"]).await
+    }
+
+    /// `timings`: rebalance interval, lease, suspect-after.
+    pub async fn start_with(rules: &str, regions: &[&str], timings: &[&str; 3]) -> World {
+        World::start_as(rules, regions, timings, false).await
+    }
+
+    /// [`World::start_with`], over mutual TLS when `tls` (every process
+    /// with its own certificate from one CA), else `--insecure`.
+    pub async fn start_as(rules: &str, regions: &[&str], timings: &[&str; 3], tls: bool) -> World {
+        let options = Options {
+            tls,
+            extra_args: [
+                "--rebalance-interval",
+                timings[0],
+                "--lease",
+                timings[1],
+                "--suspect-after",
+                timings[2],
+                "--skew-margin",
+                "200ms",
+                "--ewma-alpha",
+                "0.7",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+            ..Options::default()
+        };
+        let cluster = Cluster::start(3, options).await;
+        let leader = cluster.wait_leader(Duration::from_secs(20)).await;
+        // Regions registered before the rules, as an operator would: their
+        // first shares then come from capacity never issued, and apply at once.
+        for name in regions {
+            let (status, body) = cluster
+                .send(
+                    leader,
+                    reqwest::Method::PUT,
+                    &format!("/api/v1/regions/{name}"),
+                    Some(serde_json::json!({ "weight": 1.0 })),
+                )
+                .await;
+            assert!(
+                (200..300).contains(&status),
+                "PUT region {name}: {status} {body}"
+            );
+        }
+        let (status, body) = cluster.put_text(leader, rules).await;
+        assert!((200..300).contains(&status), "PUT rules: {status} {body}");
+        let mut world = World {
+            cluster,
+            regions: Vec::new(),
+        };
+        for name in regions {
+            let redis = RedisServer::start();
+            let mut proxies = Vec::new();
+            for id in world.cluster.running() {
+                let target = world.cluster.node(id).raft_addr.parse().expect("raft addr");
+                proxies.push(Proxy::start(target).await);
+            }
+            let dir = tempfile::tempdir().expect("temp dir");
+            let cache = dir.path().join("rules-cache.json");
+            let mut args: Vec<String> = world.cluster.limiter_flags(name);
+            for p in &proxies {
+                args.push("--coordinator".into());
+                args.push(match world.cluster.pki {
+                    // Node certificates name 127.0.0.1, the proxies' host too.
+                    Some(_) => p.url().replacen("http://", "https://", 1),
+                    None => p.url(),
+                });
+            }
+            args.extend(
+                [
+                    "--region",
+                    name,
+                    "--redis",
+                    &redis.url(),
+                    "--report-interval",
+                    "1s",
+                    "--rules-cache",
+                    cache.to_str().expect("utf-8 path"),
+                ]
+                .iter()
+                .map(|s| s.to_string()),
+            );
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let limiter = LimiterProcess::start_without_rules(&args);
+            world.regions.push(Region {
+                name: name.to_string(),
+                _redis: redis,
+                limiter,
+                proxies,
+                _dir: dir,
+            });
+        }
+        world
+    }
+
+    /// `GET /api/v1/allocations?…` from the leader.
+    pub async fn allocations(&self, query: &str) -> Value {
+        let leader = self.cluster.wait_leader(Duration::from_secs(20)).await;
+        let path = if query.is_empty() {
+            "/api/v1/allocations".to_string()
+        } else {
+            format!("/api/v1/allocations?{query}")
+        };
+        match self.cluster.get(leader, &path).await {
+            Some((200, body)) => body,
+            other => panic!("GET {path}: {other:?}"),
+        }
+    }
+
+    /// `POST /api/v1/drills` with `body` through the leader: (status, answer).
+    pub async fn start_drill(&self, body: Value) -> (u16, Value) {
+        let leader = self.cluster.wait_leader(Duration::from_secs(20)).await;
+        self.cluster
+            .send(leader, reqwest::Method::POST, "/api/v1/drills", Some(body))
+            .await
+    }
+
+    /// `POST /api/v1/drills/{id}/stop` through the leader: (status, answer).
+    pub async fn stop_drill(&self, id: u64) -> (u16, Value) {
+        let leader = self.cluster.wait_leader(Duration::from_secs(20)).await;
+        let path = format!("/api/v1/drills/{id}/stop");
+        let body = Some(serde_json::json!({}));
+        self.cluster
+            .send(leader, reqwest::Method::POST, &path, body)
+            .await
+    }
+
+    /// The split's granted value per region for `rule`.
+    pub async fn split(&self, rule: &str) -> BTreeMap<String, u64> {
+        let body = self.allocations(&format!("rule={rule}")).await;
+        granted(&body["split"])
+    }
+
+    /// Waits until every region holds a non-zero share of `rule`.
+    pub async fn wait_allocated(&self, rule: &str, within: Duration) -> BTreeMap<String, u64> {
+        let started = Instant::now();
+        loop {
+            let body = self.allocations("").await;
+            let split = granted(&body["rules"][rule]["split"]);
+            if self
+                .regions
+                .iter()
+                .all(|r| split.get(&r.name).copied().unwrap_or(0) > 0)
+            {
+                return split;
+            }
+            assert!(
+                started.elapsed() < within,
+                "no allocation for every region of {rule} within {within:?}: {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// The allocation epoch a limiter holds, from its /metrics.
+pub async fn limiter_epoch(limiter: &LimiterProcess) -> u64 {
+    let Ok(r) = super::http_get(limiter.http_url("/metrics")).await else {
+        return 0;
+    };
+    let text = r.text().await.unwrap_or_default();
+    // The series carries the limiter's `region` label.
+    text.lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix("meridian_allocation_epoch")?;
+            let value = match rest.strip_prefix('{') {
+                Some(labelled) => labelled.split_once("} ")?.1,
+                None => rest.strip_prefix(' ')?,
+            };
+            value.trim().parse::<f64>().ok()
+        })
+        .map_or(0, |v| v as u64)
+}
+
+/// Commit-to-limiter times (ms) of the next `n` epochs region `region`
+/// applies within `within`: when its /metrics first shows the epoch, minus
+/// the epoch's timestamp (set by the leader before proposing, so Raft's
+/// commit is included).
+pub async fn propagation_ms(world: &World, region: usize, n: usize, within: Duration) -> Vec<u64> {
+    let limiter = &world.regions[region].limiter;
+    let mut lags = Vec::new();
+    let deadline = Instant::now() + within;
+    let mut seen = limiter_epoch(limiter).await;
+    while Instant::now() < deadline && lags.len() < n {
+        let e = limiter_epoch(limiter).await;
+        if e > seen {
+            let at_ms = now_us() / 1000;
+            let body = world.allocations("").await;
+            if body["epoch"].as_u64() == Some(e) {
+                lags.push(at_ms.saturating_sub(body["at_unix_ms"].as_u64().unwrap_or(at_ms)));
+            }
+            seen = e;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    lags
+}
+
+pub fn granted(shares: &Value) -> BTreeMap<String, u64> {
+    shares
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v["granted"].as_u64().unwrap_or(0)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// One decision as a client saw it.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub region: usize,
+    pub sent_us: u64,
+    pub recv_us: u64,
+    pub allowed: bool,
+    pub limit: u64,
+    pub reset_after_us: u64,
+    pub reason: String,
+}
+
+/// Open-loop traffic: per region a rate (checks per second) the test can
+/// change while it runs.
+pub struct Load {
+    pub rates: Vec<Arc<AtomicU64>>,
+    pub records: Arc<Mutex<Vec<Record>>>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    pub fn start(world: &World, domain: &str, rule: &str, key: &str, rates: &[u64]) -> Load {
+        let records = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut load_rates = Vec::new();
+        let mut tasks = Vec::new();
+        for (i, region) in world.regions.iter().enumerate() {
+            let rate = Arc::new(AtomicU64::new(rates[i]));
+            load_rates.push(rate.clone());
+            let url = region.limiter.grpc_url();
+            let (records, stop) = (records.clone(), stop.clone());
+            let (domain, rule, key) = (domain.to_string(), rule.to_string(), key.to_string());
+            tasks.push(tokio::spawn(async move {
+                let mut client = LimiterClient::connect(url).await.expect("limiter gRPC");
+                let mut tick = tokio::time::interval(Duration::from_millis(20));
+                let mut owed = 0.0f64;
+                while !stop.load(Ordering::Relaxed) {
+                    tick.tick().await;
+                    owed += rate.load(Ordering::Relaxed) as f64 / 50.0;
+                    let n = owed.floor() as usize;
+                    owed -= n as f64;
+                    if n == 0 {
+                        continue;
+                    }
+                    let checks = (0..n)
+                        .map(|_| Check {
+                            domain: domain.clone(),
+                            rule: rule.clone(),
+                            key: key.clone(),
+                            cost: 1,
+                            ..Default::default()
+                        })
+                        .collect();
+                    let sent_us = now_us();
+                    let Ok(response) = client.check(CheckRequest { checks }).await else {
+                        continue;
+                    };
+                    let recv_us = now_us();
+                    let mut out = records.lock().expect("records");
+                    for d in response.into_inner().decisions {
+                        out.push(Record {
+                            region: i,
+                            sent_us,
+                            recv_us,
+                            allowed: d.allowed,
+                            limit: d.limit,
+                            reset_after_us: d.reset_after_us,
+                            reason: d.reason,
+                        });
+                    }
+                }
+            }));
+        }
+        Load {
+            rates: load_rates,
+            records,
+            stop,
+            tasks,
+        }
+    }
+
+    pub fn set(&self, rates: &[u64]) {
+        for (r, v) in self.rates.iter().zip(rates) {
+            r.store(*v, Ordering::Relaxed);
+        }
+    }
+
+    pub async fn stop(self) -> Vec<Record> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        self.records.lock().expect("records").clone()
+    }
+}
+
+/// Admitted hits per clock-aligned window (index = start / period) and
+/// region. The window of an admitted decision comes from its reset time:
+/// fixed window resets at the window's end; a sliding counter's current
+/// count expires one period after that.
+pub fn admitted_per_window(
+    records: &[Record],
+    period: Duration,
+    sliding: bool,
+    regions: usize,
+) -> BTreeMap<u64, Vec<u64>> {
+    let period_us = period.as_micros() as u64;
+    let mut windows: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.allowed) {
+        let mut end = r.recv_us + r.reset_after_us;
+        if sliding {
+            end = end.saturating_sub(period_us);
+        }
+        let window = ((end + period_us / 2) / period_us).saturating_sub(1);
+        windows.entry(window).or_insert_with(|| vec![0; regions])[r.region] += 1;
+    }
+    windows
+}
+
+/// Prints and returns (worst overshoot over L in any window, admitted share
+/// of min(demand, L) over full windows).
+pub fn summarize(
+    label: &str,
+    records: &[Record],
+    windows: &BTreeMap<u64, Vec<u64>>,
+    limit: u64,
+    period: Duration,
+) -> (i64, f64) {
+    let period_us = period.as_micros() as u64;
+    let mut asked: BTreeMap<u64, u64> = BTreeMap::new();
+    for r in records {
+        *asked.entry(r.recv_us / period_us).or_default() += 1;
+    }
+    let mut worst = i64::MIN;
+    let (mut admitted, mut capacity) = (0u64, 0u64);
+    let first = windows.keys().next().copied().unwrap_or(0);
+    let last = windows.keys().next_back().copied().unwrap_or(0);
+    for (w, per_region) in windows {
+        let total: u64 = per_region.iter().sum();
+        worst = worst.max(total as i64 - limit as i64);
+        if *w != first && *w != last {
+            admitted += total;
+            capacity += asked.get(w).copied().unwrap_or(0).min(limit);
+        }
+    }
+    let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in records.iter().filter(|r| !r.reason.is_empty()) {
+        *reasons.entry(r.reason.as_str()).or_default() += 1;
+    }
+    eprintln!("{label}: decisions by reason {reasons:?}");
+    let share = if capacity == 0 {
+        0.0
+    } else {
+        admitted as f64 / capacity as f64
+    };
+    eprintln!(
+        "{label}: {} windows, worst window {:+} vs L={limit} ({:+.1} %), admitted {:.1} % of min(demand, L)",
+        windows.len(),
+        worst,
+        worst as f64 * 100.0 / limit as f64,
+        share * 100.0
+    );
+    (worst, share)
+}

@@ -1,0 +1,286 @@
+//! What the dashboard reads, over HTTP against a real 3-node cluster: the
+//! page and its headers, `/api/v1/history` (the same samples on every node,
+//! errors that name the field), `/api/v1/rules/diff`, and the cap on event
+//! streams (a flood of dashboards gets 503, not unbounded memory).
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::coordinator::{Cluster, Options};
+use common::global::{Load, World, fixed_window_rule};
+use serde_json::Value;
+
+const RULE: &str = "api%7Cfw";
+
+/// A cluster with two registered regions and a global rule (no limiters:
+/// one epoch, nothing changes after).
+async fn cluster() -> (Cluster, u64) {
+    let options = Options {
+        extra_args: [
+            "--rebalance-interval",
+            "500ms",
+            "--lease",
+            "3s",
+            "--suspect-after",
+            "1s",
+            "--round-lead",
+            "100ms",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        ..Options::default()
+    };
+    let cluster = Cluster::start(3, options).await;
+    let leader = cluster.wait_leader(Duration::from_secs(20)).await;
+    for region in ["mumbai", "hyderabad"] {
+        cluster.register_region(leader, region).await;
+    }
+    let (status, body) = cluster.put_text(leader, &fixed_window_rule(200)).await;
+    assert!((200..300).contains(&status), "PUT rules: {status} {body}");
+    (cluster, leader)
+}
+
+async fn history(cluster: &Cluster, node: u64, query: &str) -> (u16, Value) {
+    cluster
+        .get(node, &format!("/api/v1/history?{query}"))
+        .await
+        .unwrap_or((0, Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_is_the_same_on_every_node_and_errors_name_the_field() {
+    // Epochs are committed only when something changes: traffic makes them.
+    let world = World::start(&fixed_window_rule(200), &["mumbai", "hyderabad"]).await;
+    let load = Load::start(&world, "api", "fw", "acme", &[40, 10]);
+    let cluster = &world.cluster;
+    let leader = cluster.wait_leader(Duration::from_secs(20)).await;
+    let follower = cluster
+        .running()
+        .into_iter()
+        .find(|&id| id != leader)
+        .expect("follower");
+
+    // Samples accumulate at the leader's epochs.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let leaders = loop {
+        let (status, body) = history(cluster, leader, &format!("rule={RULE}")).await;
+        if status == 200 && body["samples"].as_array().is_some_and(|s| s.len() >= 3) {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "no 3 samples: {status} {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        leaders["regions"],
+        serde_json::json!(["hyderabad", "mumbai"])
+    );
+    assert_eq!(leaders["use_counted"], true, "{leaders}");
+    assert_eq!(leaders["algorithm"], "fixed_window");
+    assert_eq!(leaders["period_ms"], 4_000);
+    let sample = &leaders["samples"][0];
+    assert_eq!(
+        sample["granted"].as_array().map(Vec::len),
+        Some(2),
+        "{sample}"
+    );
+    assert_eq!(sample["limit"], 200);
+
+    // A follower relays to the leader: the same samples, counted there.
+    let since = sample["at_unix_ms"].as_i64().expect("at");
+    let (status, theirs) = history(cluster, follower, &format!("rule={RULE}&since={since}")).await;
+    assert_eq!(status, 200, "{theirs}");
+    assert_eq!(theirs["node_id"], leader, "{theirs}");
+    let first = theirs["samples"][0].clone();
+    assert!(
+        first["at_unix_ms"].as_i64() > Some(since),
+        "since is exclusive: {first}"
+    );
+    assert_eq!(first, leaders["samples"][1], "the same sample on both");
+
+    // The follower's own history, when no leader can be reached (the other
+    // two nodes frozen, so no election can replace the leader), has the
+    // same grants for the same epochs, and says why use is missing.
+    let third = cluster
+        .running()
+        .into_iter()
+        .find(|&id| id != leader && id != follower)
+        .expect("third");
+    cluster.node(leader).pause();
+    cluster.node(third).pause();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let own = loop {
+        let (status, body) = history(cluster, follower, &format!("rule={RULE}")).await;
+        if status == 200 && body["use_counted"] == false {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "follower's own history: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    cluster.node(leader).resume();
+    cluster.node(third).resume();
+    assert!(
+        own["use_note"].as_str().is_some_and(|n| !n.is_empty()),
+        "{own}"
+    );
+    let by_epoch = |body: &Value| -> Vec<(u64, Value)> {
+        body["samples"]
+            .as_array()
+            .map(|s| {
+                s.iter()
+                    .map(|x| (x["epoch"].as_u64().unwrap_or(0), x["granted"].clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let ours = by_epoch(&leaders);
+    let common_epochs: Vec<_> = by_epoch(&own)
+        .into_iter()
+        .filter(|e| ours.contains(e))
+        .collect();
+    assert!(!common_epochs.is_empty(), "leader {ours:?}, follower {own}");
+
+    // Errors name what is wrong.
+    let (status, body) = history(cluster, follower, "rule=nope").await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(
+        body["global_rules"],
+        serde_json::json!(["api|fw"]),
+        "{body}"
+    );
+    let (status, body) = history(cluster, follower, &format!("rule={RULE}&bogus=1")).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().is_some_and(|e| e.contains("bogus")),
+        "{body}"
+    );
+    let (status, body) = history(cluster, follower, "").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().is_some_and(|e| e.contains("rule")),
+        "{body}"
+    );
+    let (status, body) = history(cluster, follower, &format!("rule={RULE}&since=yesterday")).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().is_some_and(|e| e.contains("since")),
+        "{body}"
+    );
+    drop(load.stop().await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_keeps_to_itself_diffs_name_versions_and_event_streams_are_capped() {
+    let (cluster, leader) = cluster().await;
+    let (status, body) = cluster.put_text(leader, &fixed_window_rule(300)).await;
+    assert!((200..300).contains(&status), "PUT rules: {status} {body}");
+
+    // The page: a strict content security policy, no framing.
+    let page = cluster
+        .http
+        .get(format!("{}/", cluster.node(leader).url()))
+        .send()
+        .await
+        .expect("page");
+    assert_eq!(page.status(), 200);
+    let csp = page.headers()["content-security-policy"]
+        .to_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
+    assert_eq!(page.headers()["x-frame-options"], "DENY");
+    let html = page.text().await.expect("html");
+    assert!(
+        html.contains("/assets/app.js") && !html.contains("<script>"),
+        "no inline script"
+    );
+    let script = cluster
+        .http
+        .get(format!("{}/assets/app.js", cluster.node(leader).url()))
+        .send()
+        .await
+        .expect("js");
+    assert_eq!(
+        script.headers()["content-type"],
+        "text/javascript; charset=utf-8"
+    );
+    assert!(script.text().await.expect("js").contains("sessionStorage"));
+
+    // Diffs.
+    let (status, body) = cluster
+        .get(leader, "/api/v1/rules/diff?from=1&to=2")
+        .await
+        .expect("diff");
+    assert_eq!(status, 200, "{body}");
+    let diff = body["diff"].as_str().unwrap_or("");
+    assert!(
+        diff.contains("-      requests_per_unit: 200")
+            && diff.contains("+      requests_per_unit: 300"),
+        "{diff}"
+    );
+    let (status, body) = cluster
+        .get(leader, "/api/v1/rules/diff?from=9&to=2")
+        .await
+        .expect("diff");
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["field"], "from", "{body}");
+    let (status, body) = cluster
+        .get(leader, "/api/v1/rules/diff?from=1")
+        .await
+        .expect("diff");
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().is_some_and(|e| e.contains("to")),
+        "{body}"
+    );
+
+    // Event streams: the first gets an update at once; a flood past the cap
+    // is refused with the cap, and a closed stream frees its place.
+    let url = format!("{}/api/v1/events", cluster.node(leader).url());
+    let mut first = cluster.http.get(&url).send().await.expect("stream");
+    assert_eq!(first.status(), 200);
+    let chunk = tokio::time::timeout(Duration::from_secs(5), first.chunk())
+        .await
+        .expect("an update within 5 s")
+        .expect("read")
+        .expect("a chunk");
+    let text = String::from_utf8_lossy(&chunk).to_string();
+    assert!(text.starts_with("event: update\ndata: {"), "{text}");
+    let cap = meridian_max_streams();
+    let mut open = vec![first];
+    for _ in 1..cap {
+        let r = cluster.http.get(&url).send().await.expect("stream");
+        assert_eq!(r.status(), 200);
+        open.push(r);
+    }
+    let refused = cluster.http.get(&url).send().await.expect("answer");
+    assert_eq!(refused.status(), 503);
+    let body: Value = refused.json().await.expect("json");
+    assert_eq!(body["max_event_streams"], cap as u64, "{body}");
+    drop(open.pop());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = cluster.http.get(&url).send().await.expect("answer");
+        if r.status() == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a closed stream never freed its place"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The cap the coordinator states (`live::MAX_EVENT_STREAMS`), as the 503
+/// says it; kept here so a change of the constant shows in this test.
+fn meridian_max_streams() -> usize {
+    64
+}
