@@ -73,6 +73,9 @@ pub struct Counted {
     /// The decision's limit and remaining.
     pub limit: u64,
     pub remaining: u64,
+    /// The decision's time to its reset: for a fixed window, when the
+    /// window it was counted in ends.
+    pub reset_after_us: u64,
     /// `limit − remaining` is the key's count against the rule's allocation
     /// (false for an override, whose count is against its own limit).
     pub window_use: bool,
@@ -329,6 +332,7 @@ impl Global {
             allowed,
             limit,
             remaining,
+            reset_after_us,
             window_use,
         } = counted;
         if !self.is_global(rule) || cost == 0 {
@@ -370,15 +374,22 @@ impl Global {
             && window_use
             && let Some(period) = Self::counted_window_ms(rule, index)
         {
-            let p = period as Millis;
-            let start = now_unix_ms().div_euclid(p) * p;
+            let start = decided_window(now_unix_ms(), reset_after_us, period as Millis);
             match demand.seen.get_mut(id) {
                 Some(seen) if seen.0 == start => seen.1 = seen.1.max(used),
                 Some(seen) if seen.0 < start => {
                     let ended = std::mem::replace(seen, (start, used));
                     demand.ended.insert(id.to_owned(), ended);
                 }
-                Some(_) => {}
+                // Answered after a newer window's first: the window
+                // before is still the last ended one, so it is not lost.
+                Some(_) => {
+                    if let Some(ended) = demand.ended.get_mut(id)
+                        && ended.0 == start
+                    {
+                        ended.1 = ended.1.max(used);
+                    }
+                }
                 None => {
                     demand.seen.insert(id.to_owned(), (start, used));
                 }
@@ -769,16 +780,33 @@ impl Reports {
     }
 }
 
+/// The start of the fixed window a decision was counted in, from its reset
+/// time (when that window ends) and the clock when its answer arrived. Not
+/// from the clock alone: an answer can arrive after the boundary of the
+/// window that decided it. Rounding to the nearest boundary absorbs the
+/// answer's latency and clock skew with Redis of up to half a window.
+fn decided_window(answered: Millis, reset_after_us: u64, period: Millis) -> Millis {
+    let period = period.max(1);
+    let end = answered.saturating_add((reset_after_us / 1_000) as Millis);
+    ((end + period / 2).div_euclid(period) - 1) * period
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::rules::RuleFile;
 
     fn global_rules() -> RuleSet {
-        let text = "domain: d\ndescriptors:\n  - key: k\n    scope: global\n    rate_limit:\n      unit: minute\n      requests_per_unit: 10\n";
+        global_rules_per("minute")
+    }
+
+    fn global_rules_per(unit: &str) -> RuleSet {
+        let text = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    scope: global\n    rate_limit:\n      unit: {unit}\n      requests_per_unit: 10\n"
+        );
         RuleSet::parse(&[RuleFile {
             name: "r.yaml".into(),
-            text: text.into(),
+            text,
         }])
         .expect("valid rules")
     }
@@ -787,13 +815,16 @@ mod tests {
         global_rules().rules().next().expect("one rule").clone()
     }
 
-    /// One hit of a check decided at `limit` with `remaining` left.
+    /// One hit of a check decided at `limit` with `remaining` left, in the
+    /// current window of the one-minute rule.
     fn hit(allowed: bool, limit: u64, remaining: u64) -> Counted {
+        let now = now_unix_ms();
         Counted {
             cost: 1,
             allowed,
             limit,
             remaining,
+            reset_after_us: ((now.div_euclid(60_000) + 1) * 60_000 - now) as u64 * 1_000,
             window_use: true,
         }
     }
@@ -896,6 +927,60 @@ mod tests {
             used.window_start_unix_ms,
             now_unix_ms().div_euclid(period) * period
         );
+    }
+
+    /// A decision Redis made in the last moment of a window can be answered
+    /// after the boundary: it is that window's use, not the new one's (the
+    /// drills test saw a region's final count of one window reported again
+    /// as the next window's, 160 against a grant of 100).
+    #[test]
+    fn a_late_answer_counts_in_the_window_that_decided_it() {
+        let global = Global::new("r", "pod", true);
+        let rules = global_rules_per("second");
+        let rule = rules.rules().next().expect("one rule").clone();
+        allocate(&global, &rules, &rule, 6);
+        // Early in a one-second window, so a late answer is unambiguous.
+        while now_unix_ms() % 1_000 > 300 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let start = now_unix_ms().div_euclid(1_000) * 1_000;
+        let until_end = |ms: u64| ((start + 1_000 - now_unix_ms()).max(0) as u64 + ms) * 1_000;
+        // The previous window's last decision (5 of 6 used), answered now:
+        // its window ended a moment before the answer arrived.
+        global.record(
+            &rule,
+            "k",
+            Counted {
+                reset_after_us: 1_000,
+                ..hit(true, 6, 1)
+            },
+        );
+        // The current window's first decision.
+        global.record(
+            &rule,
+            "k",
+            Counted {
+                reset_after_us: until_end(0),
+                ..hit(true, 6, 5)
+            },
+        );
+        // And a late one from the previous window, after it.
+        global.record(
+            &rule,
+            "k",
+            Counted {
+                reset_after_us: 500,
+                ..hit(true, 6, 0)
+            },
+        );
+
+        let report = global.take_report(false);
+        let used: Vec<(Millis, u64)> = report
+            .used
+            .iter()
+            .map(|u| (u.window_start_unix_ms, u.count))
+            .collect();
+        assert_eq!(used, vec![(start - 1_000, 6), (start, 1)]);
     }
 
     #[test]

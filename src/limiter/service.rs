@@ -377,6 +377,7 @@ impl Service {
                 allowed: d.allowed && !verdict.shadow_denied,
                 limit: d.limit,
                 remaining: d.remaining,
+                reset_after_us: d.reset_after_us,
                 // An override's count is against its own limit, not the
                 // rule's window cap the coordinator compares window use with.
                 window_use: check.limit.is_none(),
@@ -416,6 +417,7 @@ impl Service {
                     allowed,
                     limit: d.limit,
                     remaining: d.remaining,
+                    reset_after_us: d.reset_after_us,
                     window_use: decisions.len() > index,
                 },
             );

@@ -44,6 +44,11 @@ async fn raft_rpcs_from_outside_the_cluster_or_at_absurd_terms_are_refused() {
         .wait_version(leader, 1, Duration::from_secs(10))
         .await;
     let target = (1..=3).find(|id| *id != leader).unwrap_or(1);
+    // The follower applies version 1 a moment after the leader: read its
+    // state once it has, or the forged RPCs get the blame for that moment.
+    cluster
+        .wait_version(target, 1, Duration::from_secs(10))
+        .await;
     let before = state(&cluster, target).await;
     let mut client = RaftClient::new(cluster.channel(target));
     let payload = |data: Vec<u8>| tonic::Request::new(RaftPayload { data });

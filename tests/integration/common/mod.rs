@@ -12,7 +12,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -71,16 +71,22 @@ fn require(binary: &str) {
     assert!(found, "`{binary}` not found on PATH. {hint}");
 }
 
-/// Ports are handed out from a range per test process (offset by pid) and
-/// checked free, so parallel tests and test binaries rarely race for one.
-/// A Cluster node also needs port + 10000 for its bus.
+/// Ports are handed out in turn from 10000–22767, starting at an offset
+/// per test process, and checked free. The range stays below the kernel's
+/// ephemeral ports (32768 and up, here and on most Linux machines) even for
+/// a Cluster node's bus (port + 10000): a port the kernel picks for an
+/// outgoing connection or a `:0` listener elsewhere in the suite can then
+/// never be the one a server here is about to bind.
 fn free_port() -> u16 {
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    let base = 20_000 + (std::process::id() % 200) as u16 * 100;
+    const FIRST: u32 = 10_000;
+    const SPAN: u32 = 12_768;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let offset = std::process::id() % 127 * 100;
     loop {
-        let port = base + NEXT.fetch_add(1, Ordering::Relaxed) % 15_000;
+        let port = FIRST + (offset + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN;
+        let port = u16::try_from(port).expect("ports stay below 22768");
         let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
-        if port < 45_000 && free(port) && free(port + 10_000) {
+        if free(port) && free(port + 10_000) {
             return port;
         }
     }
