@@ -944,7 +944,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         }
         let start = now_unix_ms().div_euclid(1_000) * 1_000;
-        let until_end = |ms: u64| ((start + 1_000 - now_unix_ms()).max(0) as u64 + ms) * 1_000;
+        let until_end = || (start + 1_000 - now_unix_ms()).max(0) as u64 * 1_000;
         // The previous window's last decision (5 of 6 used), answered now:
         // its window ended a moment before the answer arrived.
         global.record(
@@ -960,7 +960,7 @@ mod tests {
             &rule,
             "k",
             Counted {
-                reset_after_us: until_end(0),
+                reset_after_us: until_end(),
                 ..hit(true, 6, 5)
             },
         );
