@@ -49,9 +49,10 @@ fn tracker() -> DemandTracker {
                 allowed: 1,
             })
             .collect();
-        t.record(region, "api|customer", 60_000, &keys, 0);
+        t.count_report(region);
+        t.record(region, "api|customer", 60_000, &keys, 0, 10_000);
     }
-    t.roll(10_000);
+    t.roll(&|_| 1);
     t
 }
 
@@ -80,6 +81,7 @@ fn rebalance_1m(c: &mut Criterion) {
         limit: 1_000,
         partition: Partition::Strict,
         fallback: 0.5,
+        fallback_hold_ms: meridian::allocation::DEFAULT_FALLBACK_HOLD_MS,
         window_ms: Some(60_000),
     }];
     let config = Config::default();

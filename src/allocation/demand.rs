@@ -47,10 +47,31 @@ pub fn bound_report(mut keys: Vec<KeyDemand>, top_n: usize) -> (Vec<KeyDemand>, 
 }
 
 /// Smoothed demand in hits per rule period.
+///
+/// ## Why a round without a report is no news
+/// Pods report on their own timers (every report interval, out of phase,
+/// jittered, sometimes lost, late or repeated), and rounds run on the
+/// leader's. So a round's sample is never "the hits that arrived since the
+/// last round over the time since": with reports every 10 s and rounds every
+/// 2 s that reads 0 in four rounds of five and 5× the real rate in the fifth,
+/// and the split flapped 10/190 ↔ 190/10 (the real two-region runs used
+/// 60–79 % of capacity). Instead each report is turned into the pace it
+/// measured — its hits over *its own* interval — and a region's sample for
+/// a round is the mean pace of the demand reports its pods sent in that
+/// round, times its live pods:
+/// - a round with no report from a region leaves its demand where it was;
+/// - a repeated report adds a copy of the same pace, leaving the mean;
+/// - a late or jittered report measured its own interval, so its pace is
+///   right whenever it arrives;
+/// - a report that does not list a rule (or key) says that pod saw none of
+///   it, so traffic that stops still brings demand down.
 #[derive(Debug, Default)]
 pub struct DemandTracker {
     alpha: f64,
     regions: Vec<String>,
+    /// Demand reports (interval > 0) each region sent since the last roll:
+    /// the denominator of every pace mean of the region.
+    reports: Vec<u32>,
     rules: HashMap<String, RuleDemand>,
 }
 
@@ -59,13 +80,15 @@ struct RuleDemand {
     period_ms: u64,
     /// Per region index.
     total: Vec<Sample>,
-    /// Per key: `[ewma; R]` then `[pending; R]`, f32 to keep a key small.
+    /// Per key: `[ewma; R]` then `[pace sum; R]` (this round's reported
+    /// paces, hits per period), f32 to keep a key small.
     keys: HashMap<Box<str>, Box<[f32]>>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
 struct Sample {
     ewma: f64,
+    /// Sum of the paces (hits per period) reported since the last roll.
     pending: f64,
     seen: bool,
     /// [`DemandTracker::follow_steps`] set `ewma` this interval: the roll
@@ -155,12 +178,25 @@ impl DemandTracker {
             Some(i) => i,
             None => {
                 self.regions.push(region.to_string());
+                self.reports.push(0);
                 self.regions.len() - 1
             }
         }
     }
 
-    /// Adds a pod's report for one rule: its keys and the remainder.
+    /// A demand report (one with an interval) arrived from a pod of
+    /// `region`: call once per report, before [`DemandTracker::record`] of
+    /// its rules. Rules and keys the report does not list count as a pace
+    /// of 0 at that pod.
+    pub fn count_report(&mut self, region: &str) {
+        let r = self.region_index(region);
+        self.reports[r] = self.reports[r].saturating_add(1);
+    }
+
+    /// Adds one rule of a pod's report: its keys and the remainder, hits
+    /// asked over the report's `interval_ms`. A report without an interval
+    /// (the first a pod sends, an acknowledgement) has no pace and adds
+    /// nothing.
     pub fn record(
         &mut self,
         region: &str,
@@ -168,37 +204,56 @@ impl DemandTracker {
         period_ms: u64,
         keys: &[KeyDemand],
         remainder_asked: u64,
+        interval_ms: u64,
     ) {
+        if interval_ms == 0 {
+            return;
+        }
         let r = self.region_index(region);
         let entry = self.rules.entry(rule.to_string()).or_default();
         entry.period_ms = period_ms.max(1);
         if entry.total.len() <= r {
             entry.total.resize(r + 1, Sample::default());
         }
+        let per_period = entry.period_ms as f64 / interval_ms as f64;
         let total: u64 = keys.iter().map(|k| k.asked).sum::<u64>() + remainder_asked;
-        entry.total[r].pending += total as f64;
+        entry.total[r].pending += total as f64 * per_period;
         for k in keys {
             let slots = key_slots(&mut entry.keys, &k.key, r);
             let half = slots.len() / 2;
-            slots[half + r] += k.asked as f32;
+            // NaN (a step followed this round) stays NaN.
+            slots[half + r] += (k.asked as f64 * per_period) as f32;
         }
     }
 
-    /// Ends a sampling interval of `elapsed_ms`: pending hits become a rate
-    /// per period and enter the EWMA; keys that faded to nothing are dropped.
-    pub fn roll(&mut self, elapsed_ms: u64) {
+    /// Ends a round: every region that sent demand reports since the last
+    /// roll gets the mean of their paces times `pods(region)` (its live
+    /// pods) as a sample, smoothed into its EWMA; a region that sent none
+    /// keeps its demand (no news). Keys that faded to nothing are dropped.
+    pub fn roll(&mut self, pods: &dyn Fn(&str) -> usize) {
         let alpha = self.alpha;
-        let elapsed = elapsed_ms.max(1) as f64;
+        // Per region: what one report's pace is multiplied by (0: no news).
+        let scale: Vec<f64> = self
+            .regions
+            .iter()
+            .zip(&self.reports)
+            .map(|(name, n)| match n {
+                0 => 0.0,
+                n => pods(name).max(1) as f64 / *n as f64,
+            })
+            .collect();
         for rule in self.rules.values_mut() {
-            let per_period = rule.period_ms as f64 / elapsed;
-            for s in &mut rule.total {
-                let rate = s.pending * per_period;
-                s.ewma = match (s.seen, s.stepped) {
-                    (_, true) => s.ewma,
-                    (true, false) => smooth(alpha, rate, s.ewma),
-                    (false, false) => rate,
-                };
-                s.seen = true;
+            for (r, s) in rule.total.iter_mut().enumerate() {
+                let k = scale.get(r).copied().unwrap_or(0.0);
+                if k > 0.0 {
+                    let rate = s.pending * k;
+                    s.ewma = match (s.seen, s.stepped) {
+                        (_, true) => s.ewma,
+                        (true, false) => smooth(alpha, rate, s.ewma),
+                        (false, false) => rate,
+                    };
+                    s.seen = true;
+                }
                 s.stepped = false;
                 s.pending = 0.0;
             }
@@ -207,10 +262,11 @@ impl DemandTracker {
                 let mut alive = false;
                 for i in 0..half {
                     let pending = slots[half + i] as f64;
-                    let e = if pending.is_nan() {
+                    let k = scale.get(i).copied().unwrap_or(0.0);
+                    let e = if pending.is_nan() || k == 0.0 {
                         slots[i] as f64
                     } else {
-                        smooth(alpha, pending * per_period, slots[i] as f64)
+                        smooth(alpha, pending * k, slots[i] as f64)
                     };
                     slots[i] = e as f32;
                     slots[half + i] = 0.0;
@@ -219,6 +275,7 @@ impl DemandTracker {
                 alive
             });
         }
+        self.reports.iter_mut().for_each(|n| *n = 0);
     }
 
     /// Early top-up: a region reports mid-window that `key` runs at `pace`.

@@ -26,6 +26,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::demand::{AckTracker, DemandTracker, KeyDemand, Pace};
+use super::cadence::{ReportCadence, report_interval_for};
+use super::ledger::Ledger;
 use super::rebalance::{Round, is_noop, rebalance};
 use super::{
     Allocations, Config, Epoch, EpochDelta, InWindow, Millis, RegionInput, RegionStatus,
@@ -87,11 +89,18 @@ impl GlobalRule {
                 limit,
                 partition,
                 fallback,
+                fallback_hold_ms: super::DEFAULT_FALLBACK_HOLD_MS,
                 window_ms: (!algorithm.has_burst()).then_some(period_ms),
             },
             period_ms,
             counted: algorithm == Algorithm::FixedWindow && accuracy == Accuracy::Exact,
         }
+    }
+
+    /// The same rule with a `fallback_hold` other than the default.
+    pub fn with_fallback_hold(mut self, hold_ms: i64) -> GlobalRule {
+        self.policy.fallback_hold_ms = hold_ms.max(0);
+        self
     }
 
     /// The rule's first limit as a global rule, if it is `scope: global`
@@ -115,6 +124,7 @@ impl GlobalRule {
                 rule.partition,
                 rule.fallback,
             )
+            .with_fallback_hold(rule.fallback_hold.as_millis() as i64)
         })
     }
 
@@ -160,6 +170,24 @@ pub struct PodReport {
     pub used: Vec<RuleUse>,
     /// Keys the pod asks an early top-up for.
     pub top_ups: Vec<TopUp>,
+    /// What the pod admitted per clock-aligned period of each global rule
+    /// (the ledger's input): cumulative counts, so a repeated report
+    /// replaces instead of adding.
+    pub admitted: Vec<PeriodAdmitted>,
+}
+
+/// A pod's admitted hits of one key (or of the whole rule) in one
+/// clock-aligned period of a global rule, counted since the period began.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PeriodAdmitted {
+    /// The rule's id.
+    pub rule: String,
+    /// The key as the rule counts it; `None` for the whole rule.
+    pub key: Option<String>,
+    /// The start of the period, Unix ms (`floor(now / period) * period`).
+    pub period_start_ms: Millis,
+    /// Hits admitted in it at this pod so far.
+    pub admitted: u64,
 }
 
 /// Demand for one global rule in a report: the top keys and the rest.
@@ -171,6 +199,9 @@ pub struct RuleDemand {
     pub keys: Vec<KeyDemand>,
     /// Hits asked for every key not listed, summed.
     pub remainder_asked: u64,
+    /// Hits admitted of `remainder_asked` (the coordinator's hit counts for
+    /// `ctl top`; demand is what was asked).
+    pub remainder_allowed: u64,
 }
 
 /// What a pod saw of a counted rule's current window.
@@ -277,11 +308,16 @@ pub struct Leader {
     ack_ahead: Option<Epoch>,
     /// Regions that reported but are not registered.
     unknown_regions: BTreeSet<String>,
+    /// World-wide admitted per rule period, from the pods' reports.
+    ledger: Ledger,
+    /// Pods whose reports cover longer spans than the interval given.
+    cadence: ReportCadence,
 }
 
 impl Leader {
     /// A leader that has not led yet; call [`Leader::seed`] when it starts.
     pub fn new(config: LeaderConfig) -> Leader {
+        let cadence = ReportCadence::new(report_interval_for(config.rebalance_interval_ms));
         Leader {
             demand: DemandTracker::new(config.rebalancer.ewma_alpha),
             acks: AckTracker::new(config.rebalancer.suspect_after_ms),
@@ -296,6 +332,8 @@ impl Leader {
             acked_at: None,
             ack_ahead: None,
             unknown_regions: BTreeSet::new(),
+            ledger: Ledger::default(),
+            cadence,
         }
     }
 
@@ -374,6 +412,15 @@ impl Leader {
             self.regions_changed = true;
             heard.wake = true;
         }
+        self.ledger.record(
+            &report.region,
+            &report.pod,
+            &report.admitted,
+            &self.rules,
+            now,
+        );
+        self.cadence
+            .observe(&report.region, &report.pod, report.interval_ms, now);
         let before = self.acks.region(&report.region, now, lease_ms).0;
         self.acks
             .record(&report.pod, &report.region, report.epoch, now);
@@ -398,6 +445,9 @@ impl Leader {
             self.acked_at.get_or_insert(now);
             heard.wake = true;
         }
+        if report.interval_ms > 0 {
+            self.demand.count_report(&report.region);
+        }
         for rd in &report.rules {
             let Some(period) = self.rule(&rd.rule).map(|r| r.period_ms) else {
                 continue;
@@ -408,6 +458,7 @@ impl Leader {
                 period,
                 &rd.keys,
                 rd.remainder_asked,
+                report.interval_ms,
             );
             let pods = self.acks.live_pods(&report.region, now, recent);
             if self.config.top_up
@@ -513,7 +564,9 @@ impl Leader {
     ) -> Option<EpochDelta> {
         let cfg = &self.config.rebalancer;
         if kind == RoundKind::Full {
-            self.demand.roll((now - self.last_roll_ms).max(1) as u64);
+            let (acks, recent) = (&self.acks, cfg.suspect_after_ms);
+            self.demand
+                .roll(&|region| acks.live_pods(region, now, recent));
             self.last_roll_ms = now;
         }
         self.acks.forget_before(now - 2 * cfg.lease_ms);
@@ -602,6 +655,26 @@ impl Leader {
     /// The smoothed demand (the simulator's baseline strategies read it).
     pub fn demand(&self) -> &DemandTracker {
         &self.demand
+    }
+
+    /// World-wide admitted per rule period ([`Ledger`]).
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// The ledger, to give it the rule set's terms or advance its clock.
+    pub fn ledger_mut(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
+
+    /// The pods reporting slower than the interval given ([`ReportCadence`]).
+    pub fn report_cadence(&self) -> &ReportCadence {
+        &self.cadence
+    }
+
+    /// The same, to take its warnings or forget silent pods.
+    pub fn report_cadence_mut(&mut self) -> &mut ReportCadence {
+        &mut self.cadence
     }
 }
 

@@ -19,8 +19,11 @@
 //! Grants come only out of `L − Σ bound`, so the values in force anywhere sum
 //! to at most `L` in every transition (shrink before grow).
 
+pub mod cadence;
 pub mod demand;
 pub mod leader;
+pub mod ledger;
+pub mod pod;
 pub mod rebalance;
 pub mod table;
 
@@ -54,6 +57,25 @@ pub const TOP_UP_AT: f64 = 0.9;
 /// A top-up raises a key's demand only when the region's pace is at least
 /// this multiple of the smoothed demand (see `DemandTracker::bump`).
 pub const TOP_UP_JUMP: f64 = 1.25;
+
+/// A rule's `fallback_hold` unless it says otherwise.
+pub const DEFAULT_FALLBACK_HOLD_MS: i64 = 60_000;
+
+/// What a region whose lease ended at `valid_until_ms` may enforce at
+/// `now_ms` on its own clock, given what it holds (`value`), its `fallback`
+/// share and the rule's hold: `value` while the lease runs, then at most
+/// `fallback` for `hold_ms`, then nothing. The limiter's table and the
+/// centre's reserve ([`rebalance`], with the skew margin added) both read
+/// this one schedule.
+pub fn lapsed_value(value: u64, fallback: u64, valid_until_ms: Millis, hold_ms: i64, now_ms: Millis) -> u64 {
+    if now_ms <= valid_until_ms {
+        value
+    } else if now_ms <= valid_until_ms.saturating_add(hold_ms.max(0)) {
+        value.min(fallback)
+    } else {
+        0
+    }
+}
 
 /// Scheduled rounds end this long before a multiple of the rebalance
 /// interval in Unix time (see [`next_round_at`]).
@@ -160,6 +182,11 @@ pub struct RulePolicy {
     pub partition: Partition,
     /// Share of the static allocation a region keeps when its lease lapses.
     pub fallback: f64,
+    /// How long after its lease lapsed a region keeps `fallback`; then it
+    /// steps down to nothing on its own clock, and the centre re-grants the
+    /// reserve at the same instant plus the skew margin, so a dead region's
+    /// share returns to the living within lease + hold + a round.
+    pub fallback_hold_ms: i64,
     /// The window of a windowed algorithm (values switch at its
     /// boundaries); `None` for buckets.
     pub window_ms: Option<u64>,
@@ -593,5 +620,7 @@ pub fn fallback_share(static_share: u64, fallback: f64) -> u64 {
     (static_share as f64 * fallback.clamp(0.0, 1.0)).floor() as u64
 }
 
+#[cfg(test)]
+mod demand_tests;
 #[cfg(test)]
 mod tests;

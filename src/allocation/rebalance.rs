@@ -8,7 +8,9 @@
 //!    (`bound` falls to `granted`);
 //! 2. lapsed regions (strict: lease expired plus the skew margin; available:
 //!    silent longer than `suspect_after`) are capped at their fallback share,
-//!    which stays reserved;
+//!    which stays reserved for the rule's `fallback_hold` after the lease
+//!    (plus the skew margin) — the time the region itself keeps it — and is
+//!    re-granted after that;
 //! 3. targets (full rounds only): above per-region floors, smoothed demand
 //!    first, then headroom, each divided over the capacity left — everything
 //!    asked when it fits, else in proportion to weight × claim (the split an
@@ -129,6 +131,10 @@ struct RegionsView<'a> {
     fallback: Vec<u64>,
     floors: Vec<u64>,
     lapsed: Vec<bool>,
+    /// What stays reserved for a lapsed region: its fallback while the
+    /// region may still enforce it (the rule's hold after the lease, plus
+    /// the skew margin), then nothing — it has stepped down on its own.
+    reserve: Vec<u64>,
 }
 
 impl<'a> RegionsView<'a> {
@@ -140,7 +146,7 @@ impl<'a> RegionsView<'a> {
         config: &Config,
     ) -> Self {
         let statics = static_shares(policy.limit, regions);
-        let fallback = statics
+        let fallback: Vec<u64> = statics
             .iter()
             .map(|s| fallback_share(*s, policy.fallback))
             .collect();
@@ -152,10 +158,20 @@ impl<'a> RegionsView<'a> {
                 _ => (*s as f64 * config.floor.clamp(0.0, 1.0)).floor() as u64,
             })
             .collect();
+        let mut reserve = Vec::with_capacity(regions.len());
         let lapsed = regions
             .iter()
-            .map(|r| {
+            .zip(&fallback)
+            .map(|(r, f)| {
                 let lease = leases.get(&r.name).copied().unwrap_or_default();
+                // The region's own schedule, seen `skew_margin` late.
+                reserve.push(super::lapsed_value(
+                    *f,
+                    *f,
+                    lease.valid_until_ms,
+                    policy.fallback_hold_ms,
+                    now - config.skew_margin_ms,
+                ));
                 let expired = now > lease.valid_until_ms + config.skew_margin_ms;
                 let silent = r.last_heard_ms.is_none()
                     || lease.last_heard_ms < now - config.suspect_after_ms;
@@ -171,6 +187,7 @@ impl<'a> RegionsView<'a> {
             fallback,
             floors,
             lapsed,
+            reserve,
         }
     }
 
@@ -474,9 +491,9 @@ fn settle(
             slot.bound = slot.granted;
         }
         if view.lapsed[i] {
-            // The region enforces at most min(what it holds, fallback) now;
-            // that much stays reserved for it.
-            let kept = slot.bound.min(view.fallback[i]);
+            // The region enforces at most min(what it holds, fallback) now,
+            // and nothing once its hold ran out; that much stays reserved.
+            let kept = slot.bound.min(view.reserve[i]);
             *slot = Slot {
                 granted: kept.min(slot.granted),
                 bound: kept,
@@ -571,7 +588,7 @@ fn targets(
     for i in 0..n {
         if view.lapsed[i] {
             // Reserved; `settle` keeps it.
-            capacity = capacity.saturating_sub(view.fallback[i]);
+            capacity = capacity.saturating_sub(view.reserve[i]);
         }
     }
     let active = |i: usize| !view.lapsed[i] && view.regions[i].status != RegionStatus::Failed;

@@ -7,8 +7,9 @@
 //!   shrinking region acknowledged (held) its shrink, so the grow's boundary is
 //!   never before the shrink's.
 //! - **Leases**: after `valid_until` the region enforces the smaller of its
-//!   value and the rule's fallback share, the same value the coordinator
-//!   keeps reserved for it.
+//!   value and the rule's fallback share for the rule's `fallback_hold`,
+//!   then nothing ([`super::lapsed_value`]) — the same schedule by which the
+//!   coordinator keeps that share reserved and then re-grants it.
 //! - Before any allocation arrives a global rule allows nothing; a limiter
 //!   without a coordinator enforces the whole limit instead (one region).
 
@@ -244,10 +245,10 @@ impl Value {
         }
     }
 
-    fn resume_after_lapse(&mut self, fallback: u64, now_ms: Millis, period_ms: Option<u64>) {
+    fn resume_after_lapse(&mut self, cap: u64, now_ms: Millis, period_ms: Option<u64>) {
         self.settle(now_ms);
         let granted = self.next.map_or(self.active, |(v, _)| v);
-        self.active = self.active.min(fallback);
+        self.active = self.active.min(cap);
         self.next = None;
         self.set(granted, now_ms, period_ms);
     }
@@ -297,6 +298,10 @@ pub struct Table {
     epoch: Epoch,
     valid_until_ms: Millis,
     rules: HashMap<String, RuleView>,
+    /// Each rule's `fallback_hold` (from the rules the region holds, not
+    /// from the updates: it must hold when no update comes). A rule not
+    /// listed holds [`super::DEFAULT_FALLBACK_HOLD_MS`].
+    holds: HashMap<String, i64>,
 }
 
 /// Why an update was not applied.
@@ -338,13 +343,23 @@ impl Table {
         }
         if now_ms > self.valid_until_ms {
             // The lease had lapsed: the region has been enforcing its
-            // fallback. A renewal brings the granted value back like any
-            // other change — at the next window boundary — not for the rest
-            // of the window the fallback was counted against.
+            // fallback (or nothing, past the hold). A renewal brings the
+            // granted value back like any other change — at the next window
+            // boundary — not for the rest of the window the fallback was
+            // counted against.
             for (id, view) in self.rules.iter_mut() {
-                let (fallback, window) = (view.fallback, window_ms(id));
+                let hold = self.holds.get(id).copied();
+                let hold = hold.unwrap_or(super::DEFAULT_FALLBACK_HOLD_MS);
+                let cap = super::lapsed_value(
+                    u64::MAX,
+                    view.fallback,
+                    self.valid_until_ms,
+                    hold,
+                    now_ms,
+                );
+                let window = window_ms(id);
                 for value in std::iter::once(&mut view.split).chain(view.keys.values_mut()) {
-                    value.resume_after_lapse(fallback, now_ms, window);
+                    value.resume_after_lapse(cap, now_ms, window);
                 }
             }
         }
@@ -423,17 +438,34 @@ impl Table {
                 _ => view.split.at(now_ms),
             },
         };
-        Some(self.within_lease(view, value, now_ms))
+        Some(self.within_lease(rule, view, value, now_ms))
     }
 
-    /// `value` as enforced at `now_ms`: past the lease, at most the rule's
-    /// fallback.
-    fn within_lease(&self, view: &RuleView, value: u64, now_ms: Millis) -> u64 {
-        if now_ms > self.valid_until_ms {
-            value.min(view.fallback)
-        } else {
-            value
-        }
+    /// `value` of `rule` as enforced at `now_ms`: past the lease, at most
+    /// the rule's fallback, and nothing once its hold ran out.
+    fn within_lease(&self, rule: &str, view: &RuleView, value: u64, now_ms: Millis) -> u64 {
+        super::lapsed_value(
+            value,
+            view.fallback,
+            self.valid_until_ms,
+            self.fallback_hold_ms(rule),
+            now_ms,
+        )
+    }
+
+    /// Sets every global rule's `fallback_hold`, by rule id, replacing
+    /// the last set (so it holds at most the rules of one rule set). The
+    /// limiter calls it with each rule set it applies; the simulator once.
+    pub fn set_fallback_holds(&mut self, holds: HashMap<String, i64>) {
+        self.holds = holds;
+    }
+
+    /// `rule`'s `fallback_hold`.
+    pub fn fallback_hold_ms(&self, rule: &str) -> i64 {
+        self.holds
+            .get(rule)
+            .copied()
+            .unwrap_or(super::DEFAULT_FALLBACK_HOLD_MS)
     }
 
     /// The largest value any key of `rule` has now (the `cap` of a
@@ -459,7 +491,7 @@ impl Table {
     /// (past the lease, the smaller of it and the fallback, as [`Table::limit`]).
     pub fn split_limit(&self, rule: &str, now_ms: Millis) -> Option<u64> {
         let view = self.rules.get(rule)?;
-        Some(self.within_lease(view, view.split.at(now_ms), now_ms))
+        Some(self.within_lease(rule, view, view.split.at(now_ms), now_ms))
     }
 
     /// The world-wide limit of a rule this table holds.

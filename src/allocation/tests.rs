@@ -54,6 +54,8 @@ fn policy(limit: u64, partition: Partition) -> Vec<RulePolicy> {
         limit,
         partition,
         fallback: 0.5,
+        // Short, so the property test below also sees regions step down.
+        fallback_hold_ms: 2_000,
         window_ms: Some(1_000),
     }]
 }
@@ -67,7 +69,9 @@ fn report(t: &mut DemandTracker, region: &str, keys: &[(&str, u64)]) {
             allowed: *n,
         })
         .collect();
-    t.record(region, "r", 60_000, &keys, 0);
+    // One pod's report covering one whole period: its pace is its count.
+    t.count_report(region);
+    t.record(region, "r", 60_000, &keys, 0, 60_000);
 }
 
 #[test]
@@ -190,7 +194,7 @@ fn allocations_follow_a_shift_in_demand() {
     for (m, h) in [(800, 200), (800, 200), (200, 800), (200, 800), (200, 800)] {
         report(&mut t, "a", &[("k", m)]);
         report(&mut t, "b", &[("k", h)]);
-        t.roll(60_000);
+        t.roll(&|_| 1);
         let acked = [Some(state.epoch), Some(state.epoch)];
         let rs = regions(2, &status, &[Some(now), Some(now)], &acked);
         commit(&mut state, now, &rs, &rules, Some(&t), &config);
@@ -210,7 +214,7 @@ fn allocations_follow_a_shift_in_demand() {
 }
 
 #[test]
-fn a_silent_region_keeps_its_share_until_its_lease_lapses_then_its_fallback() {
+fn a_silent_region_keeps_its_share_until_its_lease_lapses_then_its_fallback_for_the_hold() {
     let config = Config {
         ewma_alpha: 1.0,
         lease_ms: 10_000,
@@ -229,7 +233,7 @@ fn a_silent_region_keeps_its_share_until_its_lease_lapses_then_its_fallback() {
             report(&mut t, "a", &[("k", 900)]);
             a_heard = now;
         }
-        t.roll(1_000);
+        t.roll(&|_| 1);
         let acked = [
             Some(state.epoch.min(if step < 3 { u64::MAX } else { 3 })),
             Some(state.epoch),
@@ -238,21 +242,29 @@ fn a_silent_region_keeps_its_share_until_its_lease_lapses_then_its_fallback() {
         commit(&mut state, now, &rs, &rules, Some(&t), &config);
         let a = state.rules["r"].split["a"];
         let lease = state.regions["a"].valid_until_ms;
+        let hold = rules[0].fallback_hold_ms;
         if now <= lease + config.skew_margin_ms {
             // Both ask 900 of 1000 at weights 1:2: a's share is ~1/3.
             assert!(
                 a.bound >= 300,
                 "a's share is kept while its lease runs: {a:?} at {now}"
             );
-        } else {
+        } else if now <= lease + hold + config.skew_margin_ms {
             // Static share of a (weight 1 of 3) = 333; fallback 50 % = 166.
             assert_eq!(a.bound, 166, "after the lease a keeps exactly its fallback");
+        } else {
+            // a stepped down on its own clock at lease + hold: nothing of
+            // it is reserved any more.
+            assert_eq!(a.bound, 0, "after the hold a keeps nothing: {a:?} at {now}");
         }
         let b = state.rules["r"].split["b"];
         assert!(a.bound + b.bound <= 1000);
         now += 1_000;
     }
-    assert!(state.rules["r"].split["b"].granted >= 1000 - 166 - 1);
+    assert!(
+        state.rules["r"].split["b"].granted >= 1000 - 1,
+        "the survivor holds all of L once the hold ran out"
+    );
 }
 
 #[test]
@@ -272,7 +284,7 @@ fn a_hot_key_with_its_own_mix_gets_an_entry() {
         let many: Vec<(&str, u64)> = many.iter().map(|(k, n)| (k.as_str(), *n)).collect();
         report(&mut t, "a", &many);
         report(&mut t, "b", &[("x", 900)]);
-        t.roll(60_000);
+        t.roll(&|_| 1);
         let acked = [Some(state.epoch), Some(state.epoch)];
         let rs = regions(2, &status, &[Some(now), Some(now)], &acked);
         commit(&mut state, now, &rs, &rules, Some(&t), &config);
@@ -488,7 +500,8 @@ fn steps(n: usize) -> impl Strategy<Value = Vec<Step>> {
 
 /// What a region may enforce at most: a pod may hold any epoch from the one
 /// the region acknowledged on, and enforces that epoch's grant — capped by
-/// the fallback once that epoch's lease has run out.
+/// the fallback once that epoch's lease has run out, and nothing once the
+/// hold after it has too.
 fn possible(history: &[Allocations], acked: Epoch, region: &str, key: &str, now: Millis) -> u64 {
     let newest = history.last().map_or(0, |s| s.epoch);
     history
@@ -498,11 +511,7 @@ fn possible(history: &[Allocations], acked: Epoch, region: &str, key: &str, now:
             let granted = s.slot("r", key, region)?.granted;
             let lease = s.regions.get(region).map_or(0, |l| l.valid_until_ms);
             let fallback = s.rules.get("r")?.fallback.get(region).copied().unwrap_or(0);
-            Some(if now > lease {
-                granted.min(fallback)
-            } else {
-                granted
-            })
+            Some(super::lapsed_value(granted, fallback, lease, 2_000, now))
         })
         .max()
         .unwrap_or(0)
@@ -547,7 +556,7 @@ proptest! {
                     report(&mut tracker, NAMES[i], &[("k", step.demand[i]), ("hot", step.demand[(i + 1) % n])]);
                 }
             }
-            tracker.roll(1_000);
+            tracker.roll(&|_| 1);
             let acks: Vec<Option<Epoch>> = (0..n).map(|i| heard[i].map(|_| acked[i])).collect();
             let rs = regions(n, &status, &heard, &acks);
             let round = Round { now_ms: now, regions: &rs, rules: &rules, demand: step.full.then_some(&tracker) , in_window: None};
@@ -586,9 +595,10 @@ proptest! {
         for round_no in 0..6 {
             let now = round_no * 1_000;
             for (i, d) in demand.iter().enumerate() {
-                tracker.record(NAMES[i], "r", 1_000, &[KeyDemand { key: "k".into(), asked: *d, allowed: 0 }], 0);
+                tracker.count_report(NAMES[i]);
+                tracker.record(NAMES[i], "r", 1_000, &[KeyDemand { key: "k".into(), asked: *d, allowed: 0 }], 0, 1_000);
             }
-            tracker.roll(1_000);
+            tracker.roll(&|_| 1);
             let acked = [Some(state.epoch); 3];
             let rs = regions(3, &status, &[Some(now); 3], &acked);
             commit(&mut state, now, &rs, &rules, Some(&tracker), &config);
@@ -688,7 +698,7 @@ fn a_removed_key_entry_keeps_its_value_until_the_window_boundary() {
 fn a_top_up_raises_demand_only_when_the_pace_clearly_exceeds_it() {
     let mut t = DemandTracker::new(1.0);
     report(&mut t, "a", &[("k", 1_000)]);
-    t.roll(60_000);
+    t.roll(&|_| 1);
     let demand = |t: &DemandTracker| {
         let mut d = 0.0;
         t.for_each_key("r", &["a"], &mut |_, v| d = v[0]);
@@ -717,7 +727,7 @@ fn a_top_up_raises_demand_only_when_the_pace_clearly_exceeds_it() {
 fn a_top_up_measured_over_a_short_span_must_stand_out_of_poisson_noise() {
     let mut t = DemandTracker::new(1.0);
     report(&mut t, "a", &[("k", 1_200)]);
-    t.roll(60_000);
+    t.roll(&|_| 1);
     // 3 pods, 5 s since the pod's last report: it expects 1200 / 3 / 12 =
     // 33 hits, σ ≈ 5.8. 45 hits (region pace 1620, 1.35×) is within 3σ.
     let pace = |hits: u64| Pace::of_report(hits, 5_000, 60_000, 3);
@@ -735,7 +745,7 @@ fn a_step_in_one_report_moves_demand_at_once_and_the_roll_keeps_it() {
     for (region, hits) in [("a", 4_800), ("b", 1_200)] {
         report(&mut t, region, &[("k", hits)]);
     }
-    t.roll(60_000);
+    t.roll(&|_| 1);
     let totals = |t: &DemandTracker| {
         let mut d = Vec::new();
         t.rule_totals("r", &["a", "b"], &mut d);
@@ -754,7 +764,8 @@ fn a_step_in_one_report_moves_demand_at_once_and_the_roll_keeps_it() {
             asked: hits,
             allowed: hits,
         }];
-        t.record(region, "r", 60_000, &keys, 0);
+        t.count_report(region);
+        t.record(region, "r", 60_000, &keys, 0, 10_000);
         t.follow_steps(region, "r", 60_000, &keys, 0, 10_000, 3)
     };
     assert!(shifted(&mut t, "b", 267));
@@ -770,13 +781,13 @@ fn a_step_in_one_report_moves_demand_at_once_and_the_roll_keeps_it() {
     assert!(!shifted(&mut t, "a", 70));
     assert!(!shifted(&mut t, "b", 260));
     // The roll drops the interval's sample, which mixes both paces.
-    t.roll(60_000);
+    t.roll(&|_| 1);
     assert_eq!(totals(&t), vec![1_206.0, 4_806.0]);
     assert_eq!(key(&t), vec![1_206.0, 4_806.0]);
     // And the next interval's sample is smoothed as usual.
     report(&mut t, "a", &[("k", 1_206)]);
     report(&mut t, "b", &[("k", 4_806)]);
-    t.roll(60_000);
+    t.roll(&|_| 1);
     assert_eq!(totals(&t), vec![1_206.0, 4_806.0]);
 }
 
@@ -784,7 +795,7 @@ fn a_step_in_one_report_moves_demand_at_once_and_the_roll_keeps_it() {
 fn after_a_step_that_a_straddling_report_understated_later_reports_refine_it() {
     let mut t = DemandTracker::new(0.5);
     report(&mut t, "a", &[("k", 1_200)]);
-    t.roll(60_000);
+    t.roll(&|_| 1);
     let keys = |hits: u64| {
         [KeyDemand {
             key: "k".into(),
@@ -794,10 +805,10 @@ fn after_a_step_that_a_straddling_report_understated_later_reports_refine_it() {
     };
     // 1200 → 4800 per period; the first report (one pod of 3, 10 s) saw
     // half of each: 150 hits = 2700.
-    t.record("a", "r", 60_000, &keys(150), 0);
+    t.record("a", "r", 60_000, &keys(150), 0, 10_000);
     assert!(t.follow_steps("a", "r", 60_000, &keys(150), 0, 10_000, 3));
     // 267 hits = 4806: not twice 2700, but beyond noise after a step.
-    t.record("a", "r", 60_000, &keys(267), 0);
+    t.record("a", "r", 60_000, &keys(267), 0, 10_000);
     assert!(t.follow_steps("a", "r", 60_000, &keys(267), 0, 10_000, 3));
     let mut d = Vec::new();
     t.rule_totals("r", &["a"], &mut d);
@@ -805,8 +816,8 @@ fn after_a_step_that_a_straddling_report_understated_later_reports_refine_it() {
     // Without a step first, the same move is left to the EWMA.
     let mut u = DemandTracker::new(0.5);
     report(&mut u, "a", &[("k", 2_700)]);
-    u.roll(60_000);
-    u.record("a", "r", 60_000, &keys(267), 0);
+    u.roll(&|_| 1);
+    u.record("a", "r", 60_000, &keys(267), 0, 10_000);
     assert!(!u.follow_steps("a", "r", 60_000, &keys(267), 0, 10_000, 3));
 }
 

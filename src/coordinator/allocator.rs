@@ -9,7 +9,7 @@
 //! a learning period; it starts with no acknowledgements, which only delays
 //! grows (shrinks stay counted at their old value until pods report again).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,12 +24,12 @@ use super::hits::{Hits, ReportedHits};
 use super::node::{Node, Write};
 use super::raft::storage::Applied;
 use super::state::{Command, RegionState, Registry};
-use crate::allocation::EpochDelta;
-use crate::allocation::RegionStatus;
 use crate::allocation::demand::PodEpoch;
 use crate::allocation::leader::{
     ACK_DEBOUNCE_MS, GlobalRule, Leader, LeaderConfig, PodReport, RegionDef,
 };
+use crate::allocation::ledger::{Ledger, Terms};
+use crate::allocation::{EpochDelta, Millis, RegionStatus};
 use crate::clock::now_unix_ms;
 use crate::proto::meridian::v1 as pb;
 use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
@@ -60,7 +60,15 @@ pub struct Allocator {
     /// observed (its report's per-window figures); bounded as
     /// [`DRILL_WINDOWS`] says.
     drill_windows: Mutex<WindowCounts>,
+    /// Rules whose `meridian_global_*` gauges this node set (one per
+    /// global rule), so they go to 0 when it stops leading or the rule
+    /// leaves. Touched only by the round loop.
+    ledger_series: Mutex<BTreeSet<String>>,
 }
+
+/// The leader exports the ledger's gauges at least this often (the round
+/// loop wakes for it), so a period's figure follows within a second.
+const LEDGER_EXPORT_EVERY: Duration = Duration::from_secs(1);
 
 /// Window-use entries kept for drills: (rule, window) pairs, the newest
 /// kept; windows older than [`DRILL_WINDOW_AGE_MS`] are dropped too.
@@ -80,6 +88,7 @@ impl Allocator {
         config: LeaderConfig,
         auto_register_regions: bool,
     ) -> Arc<Allocator> {
+        super::ledger::describe();
         Arc::new(Allocator {
             auto_register_regions,
             leading: Mutex::new(Leading {
@@ -91,6 +100,7 @@ impl Allocator {
             leader_client: tokio::sync::Mutex::new(None),
             hits: Mutex::new(ReportedHits::default()),
             drill_windows: Mutex::new(WindowCounts::new()),
+            ledger_series: Mutex::new(BTreeSet::new()),
         })
     }
 
@@ -249,7 +259,22 @@ impl Allocator {
         let heard = guard
             .leader
             .ingest(report, &applied.registry.allocations, &regions, now);
+        let cadence = guard.leader.report_cadence_mut();
+        let (slow, expected_ms) = (cadence.take_warnings(), cadence.expected_ms());
+        let mismatched = cadence.slow_pods(now).len();
         drop(guard);
+        gauge!("meridian_report_interval_mismatched_pods").set(mismatched as f64);
+        for pod in slow {
+            tracing::warn!(
+                region = %pod.region,
+                pod = %pod.pod,
+                interval_ms = pod.interval_ms,
+                expected_ms,
+                "a limiter reports demand less often than the coordinators ask: rounds \
+                 without its news flap allocations; upgrade it, or drop its \
+                 --report-interval (logged again in 5 minutes if it persists)"
+            );
+        }
         counter!("meridian_coordinator_reports_total").increment(1);
         counter!("meridian_coordinator_demand_steps_total").increment(u64::from(heard.steps));
         counter!("meridian_coordinator_top_ups_total").increment(report.top_ups.len() as u64);
@@ -391,7 +416,8 @@ impl Allocator {
     pub async fn run(self: Arc<Self>) {
         loop {
             let due_at = self.lock().leader.next_due();
-            let wait = Duration::from_millis((due_at.saturating_sub(now_unix_ms())).max(0) as u64);
+            let wait = Duration::from_millis((due_at.saturating_sub(now_unix_ms())).max(0) as u64)
+                .min(LEDGER_EXPORT_EVERY);
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 () = self.wake.notified() => {
@@ -403,7 +429,36 @@ impl Allocator {
                 tracing::warn!(error = %e, "rebalance round failed");
                 counter!("meridian_coordinator_rebalance_failures_total").increment(1);
             }
+            self.export_ledger();
         }
+    }
+
+    /// Finishes the ledger's due periods and sets its gauges (leader), or
+    /// zeroes them (follower); see `coordinator::ledger`.
+    fn export_ledger(&self) {
+        let now = now_unix_ms();
+        let applied = self.node.applied.borrow().clone();
+        let mut series = self.ledger_series.lock().unwrap_or_else(|p| p.into_inner());
+        match self.leading(&applied, now) {
+            Some(mut guard) => {
+                let ledger = guard.leader.ledger_mut();
+                ledger.advance(now);
+                super::ledger::export(Some(ledger), now, &mut series);
+            }
+            None => super::ledger::export(None, now, &mut series),
+        }
+    }
+
+    /// Runs `f` over the leader's ledger with its due periods finished;
+    /// `None` when this node does not lead (a follower holds no ledger).
+    /// The lock is held while `f` runs: keep it to copying out.
+    pub fn with_ledger<R>(&self, f: impl FnOnce(&Ledger, Millis) -> R) -> Option<R> {
+        let now = now_unix_ms();
+        let applied = self.node.applied.borrow().clone();
+        let mut guard = self.leading(&applied, now)?;
+        let ledger = guard.leader.ledger_mut();
+        ledger.advance(now);
+        Some(f(ledger, now))
     }
 
     /// Runs the round the leader says is due, if any, and commits its epoch.
@@ -491,6 +546,15 @@ impl Allocator {
         self.lock().leader.pods()
     }
 
+    /// The report interval limiters are given and the pods whose reports
+    /// cover more than 1.5 times it (leader only), for `/readyz` and the
+    /// dashboard.
+    pub fn report_cadence(&self) -> (u64, Vec<crate::allocation::cadence::SlowPod>) {
+        let guard = self.lock();
+        let cadence = guard.leader.report_cadence();
+        (cadence.expected_ms(), cadence.slow_pods(now_unix_ms()))
+    }
+
     /// Keys with tracked demand per global rule (leader only), for the admin API.
     pub fn tracked_keys(&self, rule: &str) -> usize {
         self.lock().leader.tracked_keys(rule)
@@ -525,7 +589,12 @@ fn refresh_rules(leader: &mut Leader, registry: &Registry) {
     }
     match registry.enforced_rule_set() {
         None => leader.set_rules(None, Vec::new()),
-        Some(Ok(set)) => leader.set_rules(number, GlobalRule::of_rule_set(&set)),
+        Some(Ok(set)) => {
+            leader.set_rules(number, GlobalRule::of_rule_set(&set));
+            // The ledger states bounds from what the leader's rules lack (a
+            // bucket's burst, the approximate path's max_batch).
+            leader.ledger_mut().set_terms(Terms::of_rule_set(&set));
+        }
         Some(Err(e)) => {
             // Validated before commit; a parser change could still refuse it.
             tracing::error!(version = number, error = %e, "enforced rule set no longer parses");

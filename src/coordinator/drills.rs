@@ -76,12 +76,26 @@ impl Drills {
                 .collect::<BTreeSet<_>>();
             let hits = self.allocator.hit_counts(rules.into_iter());
             let windows = self.allocator.drill_windows();
+            // Rules not counted in fixed windows take their periods from
+            // the ledger, from the earliest unfinished drill's start on.
+            let mut from: BTreeMap<String, i64> = BTreeMap::new();
+            for d in drills.unfinished() {
+                for b in d.baseline.iter().filter(|b| b.period_ms == 0) {
+                    let at = from.entry(b.rule.clone()).or_insert(d.started_at_unix_ms);
+                    *at = (*at).min(d.started_at_unix_ms);
+                }
+            }
+            let ledger = self
+                .allocator
+                .with_ledger(|l, _| super::ledger::drill_figures(l, &from))
+                .unwrap_or_default();
             let seen = Seen {
                 now,
                 node: self.node.id,
                 allocations: &applied.registry.allocations,
                 hits: &hits,
                 windows: &windows,
+                ledger: &ledger,
             };
             let mut writes = Vec::new();
             for drill in drills.unfinished() {

@@ -36,6 +36,10 @@ pub struct CoordinatorService {
     /// The allocation updates of the latest epochs, computed once per
     /// (from, to, region) and shared by every stream that sends them.
     updates: Arc<UpdateCache>,
+    /// How often limiters should report demand (ms), from this node's
+    /// --rebalance-interval (`allocation::cadence::report_interval_for`):
+    /// sent in the first message of every watch.
+    report_interval_ms: u64,
 }
 
 impl CoordinatorService {
@@ -44,6 +48,7 @@ impl CoordinatorService {
         allocator: Arc<Allocator>,
         freshness: Freshness,
         limits: StreamLimits,
+        report_interval_ms: u64,
     ) -> coordinator_server::CoordinatorServer<CoordinatorService> {
         coordinator_server::CoordinatorServer::new(CoordinatorService {
             applied,
@@ -51,6 +56,7 @@ impl CoordinatorService {
             freshness,
             streams: Arc::new(Streams::new(limits)),
             updates: Arc::new(UpdateCache::new(limits.message_bytes)),
+            report_interval_ms,
         })
         .max_decoding_message_size(crate::proto::MAX_REPORT_BYTES)
         .max_encoding_message_size(crate::proto::MAX_UPDATE_BYTES)
@@ -162,23 +168,27 @@ async fn still_serving<T>(tx: &mpsc::Sender<Result<T, Status>>, freshness: &Fres
 }
 
 /// Sends `rules` and an allocation update's parts as watch messages: the
-/// rules ride with the first part when both fit the budget. False once the
-/// stream is gone.
+/// rules ride with the first part when both fit the budget, and the report
+/// interval (0: unchanged) with the first message. False once the stream is
+/// gone.
 async fn send_update(
     tx: &mpsc::Sender<Result<pb::WatchUpdate, Status>>,
     rules: Option<pb::RuleSetUpdate>,
     parts: &[pb::AllocationUpdate],
     message_bytes: usize,
+    report_interval_ms: u64,
 ) -> bool {
     let mut parts = parts.iter();
     let mut first = pb::WatchUpdate {
         rules,
         allocations: parts.next().cloned(),
+        report_interval_ms,
     };
     if first.rules.is_some() && first.allocations.is_some() && first.encoded_len() > message_bytes {
         let alone = pb::WatchUpdate {
             rules: first.rules.take(),
             allocations: None,
+            report_interval_ms: std::mem::take(&mut first.report_interval_ms),
         };
         if tx.send(Ok(alone)).await.is_err() {
             return false;
@@ -191,6 +201,7 @@ async fn send_update(
         let message = pb::WatchUpdate {
             rules: None,
             allocations: Some(part.clone()),
+            report_interval_ms: 0,
         };
         if tx.send(Ok(message)).await.is_err() {
             return false;
@@ -265,6 +276,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
         }
         let updates = Arc::clone(&self.updates);
         let message_bytes = self.updates.message_bytes;
+        let report_interval_ms = self.report_interval_ms;
         tracing::info!(%region, %pod, "limiter watching rules and allocations");
         let mut applied = self.applied.clone();
         let freshness = self.freshness.clone();
@@ -272,6 +284,9 @@ impl coordinator_server::Coordinator for CoordinatorService {
         tokio::spawn(async move {
             let _slot = slot;
             let mut rules_sent = None;
+            // Fixed for the node's life, so said once per stream; a limiter
+            // that moves to a node with another setting hears it there.
+            let mut interval_sent = false;
             // The applied state this stream last sent allocations from, to
             // send only what changed since (several epochs may pass between
             // wakes). An `Arc` of the node's own state, not a copy: every
@@ -296,10 +311,12 @@ impl coordinator_server::Coordinator for CoordinatorService {
                 };
                 if rules.is_some() || allocations.is_some() {
                     let parts = allocations.as_deref().map_or(&[][..], Vec::as_slice);
-                    if !send_update(&tx, rules, parts, message_bytes).await {
+                    let interval = if interval_sent { 0 } else { report_interval_ms };
+                    if !send_update(&tx, rules, parts, message_bytes, interval).await {
                         break;
                     }
                     rules_sent = Some(key);
+                    interval_sent = true;
                 }
                 if allocations_sent
                     .as_ref()

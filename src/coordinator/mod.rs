@@ -14,6 +14,7 @@ pub mod freshness;
 pub mod grpc;
 pub mod history;
 pub mod hits;
+pub mod ledger;
 pub mod live;
 pub mod node;
 pub mod raft;
@@ -130,8 +131,13 @@ pub struct CoordinatorArgs {
     pub shared_rule_floor: f64,
 
     /// How often the leader re-divides global limits from reported demand
-    /// (also after acknowledgements and top-up requests). Keep it at least
-    /// the limiters' --report-interval.
+    /// (also after acknowledgements and top-up requests). Limiters report
+    /// demand at the interval the coordinators give them on the watch
+    /// stream: half of this, at most 10s, at least 500ms (10s at the
+    /// default, 1s at 2s); a limiter's --report-interval may only shorten
+    /// it. Pods whose reports still cover more than 1.5 times that interval
+    /// are logged, counted in meridian_report_interval_mismatched_pods and
+    /// listed on /readyz.
     #[arg(long, default_value = "60s", value_parser = crate::rules::parse_duration)]
     pub rebalance_interval: Duration,
     /// Scheduled rounds run this long before each multiple of
@@ -432,6 +438,8 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
     let transport = transport(&args, init.as_ref())?;
     let config = Arc::new(raft_config(&args)?);
     let allocator_config = args.allocator_config().map_err(RunError::Config)?;
+    let report_interval_ms =
+        crate::allocation::cadence::report_interval_for(allocator_config.rebalance_interval_ms);
     let prometheus = crate::telemetry::metrics_for("coordinator", &[]);
 
     std::fs::create_dir_all(&args.data_dir).map_err(|e| RunError::Storage {
@@ -511,6 +519,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
                 per_client: args.max_watch_streams_per_client,
                 message_bytes: args.watch_message_bytes,
             },
+            report_interval_ms,
         ));
     let (grpc_tls, http_tls) = match transport.tls() {
         Some(tls) => (

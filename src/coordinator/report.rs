@@ -7,13 +7,16 @@
 use tonic::Status;
 
 use crate::allocation::demand::{KeyDemand, REPORT_TOP_KEYS};
-use crate::allocation::leader::{PodReport, RuleDemand, RuleUse, TopUp};
+use crate::allocation::leader::{PeriodAdmitted, PodReport, RuleDemand, RuleUse, TopUp};
 use crate::allocation::{WindowUse, valid_region_name};
 use crate::proto::meridian::v1 as pb;
 use crate::store::key::MAX_KEY_LEN;
 
 /// Global rules one report may carry demand, window use or top-ups for.
 pub const MAX_REPORT_RULES: usize = 1_000;
+/// Keys per rule and period a report may give admitted counts for (the
+/// ledger follows the busiest keys; the whole rule is one more entry).
+pub const MAX_ADMITTED_KEYS: usize = 16;
 /// Top-up requests in one report (a pod asks at most once a second per key).
 pub use crate::allocation::demand::MAX_REPORT_TOP_UPS;
 /// Hits one pod may report for one key or remainder in one interval: far
@@ -79,9 +82,12 @@ pub fn accept(report: &pb::DemandReport) -> Result<PodReport, Status> {
         ("rules", report.rules.len()),
         ("used", report.used.len()),
         ("top_ups", report.top_ups.len()),
+        ("admitted", report.admitted.len()),
     ] {
         let max = match field {
             "top_ups" => MAX_REPORT_TOP_UPS,
+            // Two periods of each rule: the whole rule and its top keys.
+            "admitted" => 2 * (MAX_ADMITTED_KEYS + 1) * MAX_REPORT_RULES,
             // The current window of each counted rule and the one just ended.
             "used" => 2 * MAX_REPORT_RULES,
             _ => MAX_REPORT_RULES,
@@ -114,6 +120,7 @@ pub fn accept(report: &pb::DemandReport) -> Result<PodReport, Status> {
             rule: name("rules.rule", &rd.rule, MAX_KEY_LEN)?,
             keys,
             remainder_asked: hits("rules.remainder_asked", rd.remainder_asked)?,
+            remainder_allowed: hits("rules.remainder_allowed", rd.remainder_allowed)?,
         });
     }
     let mut used = Vec::with_capacity(report.used.len());
@@ -148,6 +155,18 @@ pub fn accept(report: &pb::DemandReport) -> Result<PodReport, Status> {
             interval_ms: t.interval_ms,
         });
     }
+    let mut admitted = Vec::with_capacity(report.admitted.len());
+    for a in &report.admitted {
+        admitted.push(PeriodAdmitted {
+            rule: name("admitted.rule", &a.rule, MAX_KEY_LEN)?,
+            key: match a.key.as_str() {
+                "" => None,
+                k => Some(name("admitted.key", k, MAX_KEY_LEN)?),
+            },
+            period_start_ms: a.period_start_unix_ms,
+            admitted: hits("admitted.admitted", a.admitted)?,
+        });
+    }
     Ok(PodReport {
         region: report.region.clone(),
         pod,
@@ -156,6 +175,7 @@ pub fn accept(report: &pb::DemandReport) -> Result<PodReport, Status> {
         rules,
         used,
         top_ups,
+        admitted,
     })
 }
 

@@ -144,10 +144,14 @@ pub struct LimiterArgs {
     #[arg(long, default_value_t = 128)]
     pub max_redis_in_flight: usize,
 
-    /// With --coordinator: how often demand for global rules is reported.
-    /// Keep it at most the coordinators' --rebalance-interval.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    pub report_interval: Duration,
+    /// With --coordinator: report demand for global rules at least this
+    /// often. Unset, the limiter follows the coordinators, which give an
+    /// interval that fits their --rebalance-interval (half of it, at most
+    /// 10s, at least 500ms: 10s at the default 60s rounds, 1s at 2s rounds;
+    /// 10s until the first coordinator answers). Set, it may only shorten
+    /// that interval, never lengthen it. /readyz says which is in force.
+    #[arg(long, value_parser = parse_duration)]
+    pub report_interval: Option<Duration>,
 
     /// This pod's id in demand reports and acknowledgements (unique within
     /// the region) [default: host name and process id].
@@ -330,12 +334,17 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
             ..EngineConfig::default()
         },
     );
+    if let Some(interval) = args.report_interval {
+        anyhow::ensure!(
+            interval >= MIN_REPORT_INTERVAL,
+            "--report-interval {interval:?}: at least {MIN_REPORT_INTERVAL:?} (every report is a call to the coordinators)"
+        );
+    }
     let pod = args.pod_id.clone().unwrap_or_else(default_pod_id);
-    let global = Arc::new(Global::new(
-        &args.region,
-        &pod,
-        !args.coordinator.is_empty(),
-    ));
+    let global = Arc::new(
+        Global::new(&args.region, &pod, !args.coordinator.is_empty())
+            .with_report_interval(args.report_interval),
+    );
     let limiter = Arc::new(Service {
         engine,
         rules: rules.clone(),
@@ -379,10 +388,9 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     }
     if !args.coordinator.is_empty() {
         let (global, coordinators) = (global.clone(), args.coordinator.clone());
-        let interval = args.report_interval;
         let transport = transport.clone().unwrap_or(crate::tls::Transport::Plain);
         control.spawn_with_stop("demand reporter", move |stop| {
-            global.report_until(coordinators, transport, interval, stop)
+            global.report_until(coordinators, transport, stop)
         });
     }
     let health = Health::new().await;
@@ -478,6 +486,9 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The shortest `--report-interval` taken.
+const MIN_REPORT_INTERVAL: Duration = Duration::from_millis(100);
 
 /// How often a worker whose Redis connection failed to open tries again.
 const LANE_RETRY: Duration = Duration::from_secs(2);

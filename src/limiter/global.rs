@@ -7,6 +7,12 @@
 //! rule passes this region's value as the limit to the ordinary hot path —
 //! no cross-region call. Without `--coordinator` there is no allocation and a
 //! global rule is enforced at its whole limit (one region).
+//!
+//! What the pod counted and what its reports say is the pure
+//! [`PodAccount`]'s (the simulator's pods report through it too); this
+//! module holds it behind a lock, sends its reports over gRPC ([`Reports`])
+//! on the interval the coordinators give ([`ReportInterval`]), and publishes
+//! the gauges.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,10 +22,11 @@ use std::time::{Duration, Instant};
 use metrics::{counter, gauge};
 use tokio::sync::Notify;
 
-use crate::algorithm::{InvalidInput, Params};
+use crate::algorithm::{Algorithm, InvalidInput, Params};
 use crate::allocation::Millis;
-use crate::allocation::demand::{KeyDemand, MAX_REPORT_TOP_UPS, REPORT_TOP_KEYS, bound_report};
-use crate::allocation::leader::{GlobalRule, TopUp};
+use crate::allocation::cadence::DEFAULT_REPORT_INTERVAL_MS;
+use crate::allocation::leader::{GlobalRule, PodReport};
+use crate::allocation::pod::{CountedRule, Decided, Holding, PodAccount};
 use crate::allocation::table::{RegionUpdate, Table};
 use crate::clock::now_unix_ms;
 use crate::proto::meridian::v1 as pb;
@@ -27,18 +34,6 @@ use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
 use crate::rules::{Rule, RuleSet, Scope};
 use crate::tasks::Stop;
 use crate::tls::Expect;
-
-/// Distinct keys counted between two reports, over all global rules;
-/// further keys only add to their rule's remainder, so a flood of random
-/// keys cannot grow memory. Keys are at most `store::key::MAX_KEY_LEN` (512)
-/// bytes, checked before they get here: at most ~60 MB, and ~10 MB for keys
-/// of 40 bytes.
-pub const MAX_TRACKED_KEYS: usize = 100_000;
-/// Keys whose last top-up request is remembered (to ask at most every
-/// `TOP_UP_EVERY`); a key beyond it does not ask until older ones expire.
-const MAX_TOP_UP_KEYS: usize = 10_000;
-/// A key asks for a top-up at most this often.
-const TOP_UP_EVERY: Duration = Duration::from_secs(1);
 
 /// What limit a check runs against.
 #[derive(Debug, Clone)]
@@ -86,19 +81,18 @@ pub struct Counted {
 /// last report, and what wakes the reporter. One per process, shared by the
 /// workers and the control tasks.
 pub struct Global {
-    /// This pod's region, as reports name it.
-    region: String,
-    /// This pod's name in reports (unique within the region).
-    pod: String,
     /// False without `--coordinator`: every rule runs at its own limit.
     coordinated: bool,
     /// The allocations; `std::sync::RwLock`: read on every check of a global
     /// rule, written per epoch, never held across an `.await`.
     table: RwLock<Table>,
-    /// Hits since the last report; `std::sync::Mutex`, held for one update.
-    demand: Mutex<Demand>,
+    /// What this pod counted and holds for its reports;
+    /// `std::sync::Mutex`, held for one decision's update or one report's cut.
+    account: Mutex<PodAccount>,
     /// Wakes the reporter early: a top-up request, or an epoch to acknowledge.
     wake: Notify,
+    /// How often demand is reported (set by the coordinator stream).
+    report_interval: ReportInterval,
     /// Rules counted exactly in fixed windows → their period (ms): the ones
     /// whose window use is reported (see [`crate::allocation::WindowUse`]).
     counted: RwLock<HashMap<String, u64>>,
@@ -166,53 +160,14 @@ impl Flight {
     }
 }
 
-/// What the next report carries: per-rule hits, top-up requests and the
-/// window use seen by this pod's checks.
-#[derive(Default)]
-struct Demand {
-    /// rule → hits since the last report.
-    hits: HashMap<String, RuleHits>,
-    /// Keys in `hits`, over every rule: at most [`MAX_TRACKED_KEYS`].
-    tracked: usize,
-    /// When the first hit of this report was counted (the pace's denominator).
-    since: Option<Instant>,
-    /// Top-up requests waiting for the reporter.
-    top_ups: Vec<pb::TopUp>,
-    /// Each (rule, key)'s last top-up request, so a key asks at most every
-    /// `TOP_UP_EVERY`; pruned when it grows large.
-    last_top_up: HashMap<(String, String), Instant>,
-    /// Counted rule → (window start, the most any key was admitted in it),
-    /// as this pod's checks saw the count.
-    seen: HashMap<String, (Millis, u64)>,
-    /// Counted rule → the window before `seen`'s and its final count, so
-    /// the first report after a window ends still carries what it reached
-    /// (a drill's report counts each window from these).
-    ended: HashMap<String, (Millis, u64)>,
-    /// Global windowed rule (fixed or sliding, exact or approximate) →
-    /// (window start, window end, the most any key had used of its limit in
-    /// it): for `meridian_allocation_window_admitted_max` only, never
-    /// reported. One entry per global rule.
-    peak: HashMap<String, (Millis, Millis, u64)>,
-}
-
-/// One rule's hits since the last report.
-#[derive(Default)]
-struct RuleHits {
-    /// key → (asked, allowed).
-    keys: HashMap<String, (u64, u64)>,
-    /// Keys beyond `MAX_TRACKED_KEYS`, summed.
-    rest: (u64, u64),
-}
-
 impl Global {
     pub fn new(region: &str, pod: &str, coordinated: bool) -> Global {
         Global {
-            region: region.to_string(),
-            pod: pod.to_string(),
             coordinated,
             table: RwLock::new(Table::default()),
-            demand: Mutex::new(Demand::default()),
+            account: Mutex::new(PodAccount::new(region, pod)),
             wake: Notify::new(),
+            report_interval: ReportInterval::default(),
             counted: RwLock::new(HashMap::new()),
             flight: Flight::default(),
         }
@@ -237,8 +192,51 @@ impl Global {
         Global::new("", "", false)
     }
 
-    fn demand(&self) -> std::sync::MutexGuard<'_, Demand> {
-        self.demand.lock().unwrap_or_else(|p| p.into_inner())
+    /// The same pod with `--report-interval` (`None`: follow the
+    /// coordinators).
+    pub fn with_report_interval(mut self, flag: Option<Duration>) -> Global {
+        self.report_interval.flag_ms = flag.map_or(0, |d| d.as_millis().max(1) as u64);
+        self
+    }
+
+    /// Whether this pod reports demand (it follows coordinators).
+    pub fn reports(&self) -> bool {
+        self.coordinated
+    }
+
+    fn account(&self) -> std::sync::MutexGuard<'_, PodAccount> {
+        self.account.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How often demand is reported now, and who said so.
+    pub fn report_interval(&self) -> (Duration, IntervalSource) {
+        self.report_interval.effective()
+    }
+
+    /// The coordinator's report interval, from a Watch message (0: the
+    /// coordinator did not say). The reporter follows a change at once.
+    pub fn set_coordinator_report_interval(&self, ms: u64) {
+        if ms == 0 {
+            return;
+        }
+        let before = self.report_interval.coordinator_ms.swap(ms, Ordering::Relaxed);
+        if before == ms {
+            return;
+        }
+        let (effective, source) = self.report_interval();
+        let flag = self.report_interval.flag_ms;
+        if flag > ms {
+            // The flag may only shorten the interval: an old setting would
+            // leave the coordinator's rounds without news of this pod.
+            tracing::warn!(
+                flag_ms = flag,
+                coordinator_ms = ms,
+                "--report-interval is longer than the coordinators' report interval; \
+                 following the coordinators"
+            );
+        }
+        tracing::info!(interval = ?effective, source = source.as_str(), "report interval");
+        self.report_interval.changed.notify_one();
     }
 
     fn is_global(&self, rule: &Rule) -> bool {
@@ -342,115 +340,27 @@ impl Global {
             return;
         };
         let id = rule.limit_id(index);
-        let id = id.as_ref();
-        let mut guard = self.demand();
-        // One borrow of the whole, so its fields can be borrowed apart.
-        let demand = &mut *guard;
-        if demand.since.is_none() {
-            demand.since = Some(Instant::now());
-        }
-        // Looked up by reference: a known key costs no allocation.
-        if !demand.hits.contains_key(id) {
-            demand.hits.insert(id.to_owned(), RuleHits::default());
-        }
-        let Some(rule_hits) = demand.hits.get_mut(id) else {
-            return;
-        };
-        if demand.tracked < MAX_TRACKED_KEYS && !rule_hits.keys.contains_key(key) {
-            rule_hits.keys.insert(key.to_string(), (0, 0));
-            demand.tracked += 1;
-        }
-        let hits = match rule_hits.keys.get_mut(key) {
-            Some(h) => h,
-            None => &mut rule_hits.rest,
-        };
-        hits.0 += cost;
-        if allowed {
-            hits.1 += cost;
-        }
-        let asked = *hits;
-        let used = limit.saturating_sub(remaining);
-        if allowed
-            && window_use
-            && let Some(period) = Self::counted_window_ms(rule, index)
-        {
-            let start = decided_window(now_unix_ms(), reset_after_us, period as Millis);
-            match demand.seen.get_mut(id) {
-                Some(seen) if seen.0 == start => seen.1 = seen.1.max(used),
-                Some(seen) if seen.0 < start => {
-                    let ended = std::mem::replace(seen, (start, used));
-                    demand.ended.insert(id.to_owned(), ended);
-                }
-                // Answered after a newer window's first: the window
-                // before is still the last ended one, so it is not lost.
-                Some(_) => {
-                    if let Some(ended) = demand.ended.get_mut(id)
-                        && ended.0 == start
-                    {
-                        ended.1 = ended.1.max(used);
-                    }
-                }
-                None => {
-                    demand.seen.insert(id.to_owned(), (start, used));
-                }
-            }
-        }
-        if allowed && window_use && !params.algorithm().has_burst() {
-            let p = (params.period().as_millis() as Millis).max(1);
-            let start = now_unix_ms().div_euclid(p) * p;
-            match demand.peak.get_mut(id) {
-                Some(peak) if peak.0 == start => peak.2 = peak.2.max(used),
-                Some(peak) if peak.0 < start => *peak = (start, start + p, used),
-                Some(_) => {}
-                None => {
-                    demand.peak.insert(id.to_owned(), (start, start + p, used));
-                }
-            }
-        }
-        if !TopUp::wanted(used, limit) {
-            return;
-        }
-        let rule_id = id;
-        let id = (rule_id.to_owned(), key.to_string());
-        let due = demand
-            .last_top_up
-            .get(&id)
-            .is_none_or(|t| t.elapsed() >= TOP_UP_EVERY);
-        // A report carries at most MAX_REPORT_TOP_UPS (the coordinator refuses
-        // more), and the keys asking within a second are bounded the same way.
-        if !due
-            || demand.top_ups.len() >= MAX_REPORT_TOP_UPS
-            || demand.last_top_up.len() >= MAX_TOP_UP_KEYS && !demand.last_top_up.contains_key(&id)
-        {
-            return;
-        }
-        // The key's pace here since the last report, per period.
-        let Some(since) = demand.since.map(|t| t.elapsed()) else {
-            return;
-        };
-        if since < Duration::from_millis(200) {
-            return;
-        }
-        let top_up = TopUp::measured(
-            rule_id,
+        let algorithm = params.algorithm();
+        let decided = Decided {
+            rule: id.as_ref(),
             key,
-            asked.0,
-            since.as_millis() as u64,
-            params.period().as_millis() as u64,
-        );
-        demand.last_top_up.insert(id, Instant::now());
-        demand.top_ups.push(pb::TopUp {
-            rule: top_up.rule,
-            key: top_up.key,
-            per_period: top_up.per_period,
-            interval_ms: top_up.interval_ms,
-        });
-        if demand.last_top_up.len() >= MAX_TOP_UP_KEYS / 2 {
-            demand.last_top_up.retain(|_, t| t.elapsed() < TOP_UP_EVERY);
+            period_ms: params.period().as_millis() as u64,
+            cost,
+            allowed,
+            limit,
+            remaining,
+            reset_after_us,
+            window_use,
+            fixed_window: algorithm == Algorithm::FixedWindow,
+            // Looked up only when it matters: it builds the rule's policy.
+            counted: allowed && window_use && Self::counted_window_ms(rule, index).is_some(),
+            windowed: !algorithm.has_burst(),
+        };
+        let asked_top_up = self.account().record(&decided, now_unix_ms());
+        if asked_top_up {
+            counter!("meridian_allocation_top_ups_total", "rule" => id.into_owned()).increment(1);
+            self.wake.notify_one();
         }
-        drop(guard);
-        counter!("meridian_allocation_top_ups_total", "rule" => rule_id.to_owned()).increment(1);
-        self.wake.notify_one();
     }
 
     /// Applies an allocation update from the coordinator stream. True when
@@ -470,11 +380,17 @@ impl Global {
             let (rule, index) = rules.limit_of(id)?;
             GlobalRule::of_limit(rule, index)?.policy.window_ms
         };
-        let result = self.table.write().unwrap_or_else(|p| p.into_inner()).apply(
-            &update,
-            now_unix_ms(),
-            window,
+        let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
+        let result = table.apply(&update, now_unix_ms(), window);
+        // Each rule's fallback_hold comes from the rules this pod holds,
+        // so the step-down happens even if no update ever comes again.
+        table.set_fallback_holds(
+            GlobalRule::of_rule_set(rules)
+                .into_iter()
+                .map(|g| (g.policy.rule, g.policy.fallback_hold_ms))
+                .collect(),
         );
+        drop(table);
         let now = now_unix_ms();
         let holds = |until: Millis| until == 0 || now < until;
         let raised_now = update.rules.iter().any(|r| {
@@ -529,12 +445,17 @@ impl Global {
         // Summed over a region's pods and the regions: an upper bound of the
         // busiest key's world-wide count in this window (exact when one key
         // is the busiest everywhere), for the alert on admitted > L.
-        let demand = self.demand();
-        for (rule, (_, end, used)) in &demand.peak {
+        let account = self.account();
+        for (rule, end, used) in account.window_peaks() {
             // A window that has ended counts 0: its peak is no longer "now".
-            let used = if now < *end { *used } else { 0 };
-            gauge!("meridian_allocation_window_admitted_max", "rule" => rule.clone())
+            let used = if now < end { used } else { 0 };
+            gauge!("meridian_allocation_window_admitted_max", "rule" => rule.to_owned())
                 .set(used as f64);
+        }
+        drop(account);
+        if self.coordinated {
+            gauge!("meridian_report_interval_seconds")
+                .set(self.report_interval().0.as_secs_f64());
         }
     }
 
@@ -564,114 +485,29 @@ impl Global {
     /// for, so the report acknowledges no newer epoch, and a rule's cap is
     /// the larger of its value then and now.
     fn take_report_held(&self, with_demand: bool, held: Held) -> pb::DemandReport {
-        let mut demand = self.demand();
-        let top_ups = std::mem::take(&mut demand.top_ups);
-        let mut report = pb::DemandReport {
-            region: self.region.clone(),
-            pod: self.pod.clone(),
-            epoch: held.epoch,
-            top_ups,
-            ..Default::default()
-        };
-        report.used = self.window_use(&demand, &held.caps);
-        if !with_demand {
-            return report;
-        }
-        report.interval_ms = demand
-            .since
-            .replace(Instant::now())
-            .map_or(0, |t| t.elapsed().as_millis() as u64);
-        let hits = std::mem::take(&mut demand.hits);
-        demand.tracked = 0;
-        drop(demand);
-        for (rule, rule_hits) in hits {
-            let keys = rule_hits
-                .keys
-                .into_iter()
-                .map(|(key, (asked, allowed))| KeyDemand {
-                    key,
-                    asked,
-                    allowed,
-                })
-                .collect();
-            let (top, rest_asked, rest_allowed) = bound_report(keys, REPORT_TOP_KEYS);
-            let (rest_asked, rest_allowed) = (
-                rest_asked + rule_hits.rest.0,
-                rest_allowed + rule_hits.rest.1,
-            );
-            report.rules.push(pb::RuleDemand {
-                rule,
-                keys: top
-                    .into_iter()
-                    .map(|k| pb::KeyDemand {
-                        key: k.key,
-                        asked: k.asked,
-                        allowed: k.allowed,
-                    })
-                    .collect(),
-                remainder_asked: rest_asked,
-                remainder_allowed: rest_allowed,
-            });
-        }
-        report.rules.sort_by(|a, b| a.rule.cmp(&b.rule));
-        report
-    }
-
-    /// What this pod saw of each counted rule's current window, and the
-    /// largest value it enforces for it now.
-    fn window_use(
-        &self,
-        demand: &Demand,
-        caps_before: &HashMap<String, u64>,
-    ) -> Vec<pb::WindowUse> {
         let now = now_unix_ms();
         let table = self.table.read().unwrap_or_else(|p| p.into_inner());
         let counted = self.counted.read().unwrap_or_else(|p| p.into_inner());
-        let mut used: Vec<pb::WindowUse> = Vec::with_capacity(2 * counted.len());
-        for (rule, period) in counted.iter() {
-            let p = *period as Millis;
-            let start = now.div_euclid(p) * p;
-            let Some(cap) = table.window_cap(rule, now) else {
-                continue;
-            };
-            let cap = cap.max(caps_before.get(rule).copied().unwrap_or(0));
-            // The window that just ended, with its final count (older
-            // than the current one, so the centre's in-window view keeps
-            // the current one).
-            let last = match demand.seen.get(rule) {
-                Some((s, c)) if *s == start - p => Some(*c),
-                _ => match demand.ended.get(rule) {
-                    Some((s, c)) if *s == start - p => Some(*c),
-                    _ => None,
-                },
-            };
-            if let Some(count) = last {
-                used.push(pb::WindowUse {
-                    rule: rule.clone(),
-                    window_start_unix_ms: start - p,
-                    count,
-                    cap,
-                });
-            }
-            let count = match demand.seen.get(rule) {
-                Some((s, c)) if *s == start => *c,
-                _ => 0,
-            };
-            used.push(pb::WindowUse {
-                rule: rule.clone(),
-                window_start_unix_ms: start,
-                count,
-                cap,
-            });
-        }
-        used.sort_by(|a, b| {
-            (a.rule.as_str(), a.window_start_unix_ms)
-                .cmp(&(b.rule.as_str(), b.window_start_unix_ms))
-        });
-        used
+        let holding = Holding {
+            epoch: held.epoch,
+            counted: counted
+                .iter()
+                .filter_map(|(rule, period)| {
+                    let cap = table.window_cap(rule, now)?;
+                    Some(CountedRule {
+                        rule: rule.clone(),
+                        period_ms: *period,
+                        cap: cap.max(held.caps.get(rule).copied().unwrap_or(0)),
+                    })
+                })
+                .collect(),
+        };
+        drop((table, counted));
+        to_proto(self.account().report(&holding, with_demand, now))
     }
 
-    /// Sends demand every `interval`, and an acknowledgement (with any
+    /// Sends demand every report interval ([`Global::report_interval`],
+    /// read again after each report), and an acknowledgement (with any
     /// top-ups) as soon as an epoch is applied or a top-up is due, until
     /// `stop`; then one last demand report, so the hits counted since the
     /// previous one reach the centre instead of dying with the pod. A report
@@ -681,23 +517,33 @@ impl Global {
         self: Arc<Self>,
         coordinators: Vec<String>,
         transport: crate::tls::Transport,
-        interval: Duration,
         mut stop: Stop,
     ) {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut reports = Reports {
             coordinators,
             transport,
             next: 0,
             client: None,
         };
+        // The first demand report goes out at once.
+        let mut last_demand = tokio::time::Instant::now();
+        let mut next = last_demand;
         loop {
             let (with_demand, last) = tokio::select! {
-                _ = tick.tick() => (true, false),
+                () = tokio::time::sleep_until(next) => (true, false),
                 () = self.wake.notified() => (false, false),
+                () = self.report_interval.changed.notified() => {
+                    // A shorter interval counts from the last report, not
+                    // from the next one.
+                    next = last_demand + self.report_interval().0;
+                    continue;
+                }
                 () = stop.stopped() => (true, true),
             };
+            if with_demand {
+                last_demand = tokio::time::Instant::now();
+                next = last_demand + self.report_interval().0;
+            }
             // Checks that read the table before it changed are counted
             // first; if some take too long, the window use is left out (the
             // centre then grants nothing within the window).
@@ -717,6 +563,117 @@ impl Global {
                 return;
             }
         }
+    }
+}
+
+/// Where this pod's report interval comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntervalSource {
+    /// No Watch message said yet: [`DEFAULT_REPORT_INTERVAL_MS`].
+    Default,
+    /// The coordinators' (`WatchUpdate.report_interval_ms`).
+    Coordinator,
+    /// `--report-interval`, shorter than the coordinators'.
+    Flag,
+}
+
+impl IntervalSource {
+    /// As `/readyz` and the logs name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IntervalSource::Default => "default, until a coordinator says",
+            IntervalSource::Coordinator => "coordinator",
+            IntervalSource::Flag => "--report-interval",
+        }
+    }
+}
+
+/// How often this pod reports demand: the coordinators give the interval on
+/// the Watch stream (they know their rounds); `--report-interval` may only
+/// shorten it. Read by the reporter after every report.
+#[derive(Default)]
+pub struct ReportInterval {
+    /// `--report-interval` in ms; 0 when not given. Set before the
+    /// reporter starts.
+    flag_ms: u64,
+    /// The coordinators' interval in ms; 0 until a Watch message gave one.
+    /// Written by the coordinator stream, read by the reporter and /readyz.
+    coordinator_ms: AtomicU64,
+    /// Tells the reporter the interval changed.
+    changed: Notify,
+}
+
+impl ReportInterval {
+    /// The interval in force and who set it.
+    pub fn effective(&self) -> (Duration, IntervalSource) {
+        let (given, source) = match self.coordinator_ms.load(Ordering::Relaxed) {
+            0 => (DEFAULT_REPORT_INTERVAL_MS, IntervalSource::Default),
+            ms => (ms, IntervalSource::Coordinator),
+        };
+        match self.flag_ms {
+            flag if flag > 0 && flag < given => {
+                (Duration::from_millis(flag), IntervalSource::Flag)
+            }
+            _ => (Duration::from_millis(given), source),
+        }
+    }
+}
+
+/// A report as it travels.
+fn to_proto(report: PodReport) -> pb::DemandReport {
+    pb::DemandReport {
+        region: report.region,
+        pod: report.pod,
+        epoch: report.epoch,
+        interval_ms: report.interval_ms,
+        rules: report
+            .rules
+            .into_iter()
+            .map(|rd| pb::RuleDemand {
+                rule: rd.rule,
+                keys: rd
+                    .keys
+                    .into_iter()
+                    .map(|k| pb::KeyDemand {
+                        key: k.key,
+                        asked: k.asked,
+                        allowed: k.allowed,
+                    })
+                    .collect(),
+                remainder_asked: rd.remainder_asked,
+                remainder_allowed: rd.remainder_allowed,
+            })
+            .collect(),
+        used: report
+            .used
+            .into_iter()
+            .map(|u| pb::WindowUse {
+                rule: u.rule,
+                window_start_unix_ms: u.window_start_ms,
+                count: u.used.count,
+                cap: u.used.cap,
+            })
+            .collect(),
+        top_ups: report
+            .top_ups
+            .into_iter()
+            .map(|t| pb::TopUp {
+                rule: t.rule,
+                key: t.key,
+                per_period: t.per_period,
+                interval_ms: t.interval_ms,
+            })
+            .collect(),
+        admitted: report
+            .admitted
+            .into_iter()
+            .map(|a| pb::PeriodAdmitted {
+                rule: a.rule,
+                key: a.key.unwrap_or_default(),
+                period_start_unix_ms: a.period_start_ms,
+                admitted: a.admitted,
+            })
+            .collect(),
     }
 }
 
@@ -778,17 +735,6 @@ impl Reports {
             tracing::warn!("no coordinator took the last demand report; its hits are lost");
         }
     }
-}
-
-/// The start of the fixed window a decision was counted in, from its reset
-/// time (when that window ends) and the clock when its answer arrived. Not
-/// from the clock alone: an answer can arrive after the boundary of the
-/// window that decided it. Rounding to the nearest boundary absorbs the
-/// answer's latency and clock skew with Redis of up to half a window.
-fn decided_window(answered: Millis, reset_after_us: u64, period: Millis) -> Millis {
-    let period = period.max(1);
-    let end = answered.saturating_add((reset_after_us / 1_000) as Millis);
-    ((end + period / 2).div_euclid(period) - 1) * period
 }
 
 #[cfg(test)]
@@ -886,20 +832,6 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn top_ups_stay_within_what_one_report_may_carry() {
-        let global = Global::new("r", "pod", true);
-        let rule = global_rule();
-        global.demand().since = Some(Instant::now() - Duration::from_secs(1));
-        // Every key at its allocation asks for a top-up: a flood of them.
-        for i in 0..(MAX_REPORT_TOP_UPS + 2_000) {
-            global.record(&rule, &format!("k{i}"), hit(true, 10, 0));
-        }
-        let demand = global.demand();
-        assert_eq!(demand.top_ups.len(), MAX_REPORT_TOP_UPS);
-        assert!(demand.last_top_up.len() <= MAX_TOP_UP_KEYS);
-    }
-
     #[tokio::test]
     async fn reports_carry_the_window_use_after_checks_in_flight_finish() {
         let global = Global::new("r", "pod", true);
@@ -984,24 +916,59 @@ mod tests {
     }
 
     #[test]
-    fn demand_stays_bounded_under_a_flood_of_keys_and_nothing_is_lost() {
+    fn a_report_carries_demand_and_what_was_admitted_in_the_rules_period() {
         let global = Global::new("r", "pod", true);
         let rule = global_rule();
-        let n = MAX_TRACKED_KEYS + 500;
-        for i in 0..n {
-            global.record(&rule, &format!("k{i}"), hit(i % 2 == 0, 10, 9));
+        for i in 0..5 {
+            global.record(&rule, "k", hit(i < 3, 10, 10 - i.min(3)));
         }
-        assert_eq!(global.demand().hits[&rule.id].keys.len(), MAX_TRACKED_KEYS);
-        assert_eq!(global.demand().tracked, MAX_TRACKED_KEYS);
         let report = global.take_report(true);
         let rd = &report.rules[0];
-        assert_eq!(rd.keys.len(), REPORT_TOP_KEYS);
-        let asked: u64 = rd.keys.iter().map(|k| k.asked).sum::<u64>() + rd.remainder_asked;
-        let allowed: u64 = rd.keys.iter().map(|k| k.allowed).sum::<u64>() + rd.remainder_allowed;
-        assert_eq!((asked, allowed), (n as u64, n.div_ceil(2) as u64));
-        assert!(
-            global.take_report(true).rules.is_empty(),
-            "a report drains the counts"
+        assert_eq!((rd.keys[0].asked, rd.keys[0].allowed), (5, 3));
+        // Every report (acknowledgements too) carries the period's count.
+        let ack = global.take_report(false);
+        for r in [&report, &ack] {
+            let whole = r.admitted.iter().find(|a| a.key.is_empty());
+            assert_eq!(whole.map(|a| a.admitted), Some(3), "{:?}", r.admitted);
+            let period = 60_000;
+            assert_eq!(
+                whole.map(|a| a.period_start_unix_ms),
+                Some(now_unix_ms().div_euclid(period) * period)
+            );
+        }
+    }
+
+    #[test]
+    fn the_report_interval_follows_the_coordinators_and_a_flag_only_shortens_it() {
+        let follow = Global::new("r", "pod", true);
+        assert_eq!(
+            follow.report_interval(),
+            (Duration::from_secs(10), IntervalSource::Default)
+        );
+        follow.set_coordinator_report_interval(1_000);
+        assert_eq!(
+            follow.report_interval(),
+            (Duration::from_secs(1), IntervalSource::Coordinator)
+        );
+        // A message that does not say changes nothing.
+        follow.set_coordinator_report_interval(0);
+        assert_eq!(follow.report_interval().0, Duration::from_secs(1));
+
+        let flagged = Global::new("r", "pod", true).with_report_interval(Some(Duration::from_secs(5)));
+        assert_eq!(
+            flagged.report_interval(),
+            (Duration::from_secs(5), IntervalSource::Flag)
+        );
+        flagged.set_coordinator_report_interval(1_000);
+        assert_eq!(
+            flagged.report_interval(),
+            (Duration::from_secs(1), IntervalSource::Coordinator),
+            "a longer flag does not slow the coordinators' interval"
+        );
+        flagged.set_coordinator_report_interval(10_000);
+        assert_eq!(
+            flagged.report_interval(),
+            (Duration::from_secs(5), IntervalSource::Flag)
         );
     }
 

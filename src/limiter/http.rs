@@ -248,13 +248,39 @@ async fn metrics(State(state): State<HttpState>) -> String {
 
 /// Ready when the store answers.
 async fn ready(State(state): State<HttpState>) -> Response {
+    // Informational: a limiter on the wrong interval still serves checks.
+    let reporting = state
+        .limiter
+        .global
+        .reports()
+        .then(|| {
+            let (interval, source) = state.limiter.global.report_interval();
+            format!(
+                "report interval: {} ({})\n",
+                flag_text(interval),
+                source.as_str()
+            )
+        })
+        .unwrap_or_default();
     match state.limiter.engine.store().ping().await {
-        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Ok(()) => (StatusCode::OK, format!("ready\n{reporting}")).into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("store unreachable: {e}\n"),
+            format!("store unreachable: {e}\n{reporting}"),
         )
             .into_response(),
+    }
+}
+
+/// `1s`, `500ms`, `1.5s`: as the flags are written.
+fn flag_text(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1_000 == 0 {
+        format!("{}s", ms / 1_000)
+    } else if ms < 1_000 {
+        format!("{ms}ms")
+    } else {
+        format!("{}s", ms as f64 / 1_000.0)
     }
 }
 

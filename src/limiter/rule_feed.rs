@@ -375,6 +375,11 @@ impl Feed {
                     *self.held.lock().unwrap_or_else(|p| p.into_inner()) = selection;
                 }
             }
+            // Like allocations, only from a cluster this limiter follows.
+            if admitted {
+                self.global
+                    .set_coordinator_report_interval(update.report_interval_ms);
+            }
             // After the rules: a new global rule's window must be known.
             if let Some(part) = update.allocations
                 && admitted

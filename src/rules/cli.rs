@@ -28,7 +28,7 @@ enum RulesCommand {
     /// Files use envoyproxy/ratelimit's format (`domain`, nested `descriptors`
     /// with `key`, `value`, `rate_limit`) plus Meridian's fields beside
     /// `rate_limit` (algorithm, burst, period, fail_mode, scope, accuracy,
-    /// sync_interval, max_batch, split, partition, fallback). All files are
+    /// sync_interval, max_batch, split, partition, fallback, fallback_hold). All files are
     /// checked together: a domain may be defined in only one of them.
     Check {
         /// Rule files (YAML).
@@ -216,6 +216,7 @@ fn explain_json(domain: &str, known_domain: bool, resolved: Option<&Resolved<'_>
             "split": rule.split,
             "partition": rule.partition.name(),
             "fallback": rule.fallback,
+            "fallback_hold_ms": rule.fallback_hold.as_millis() as u64,
             "file": rule.file,
             "line": rule.line,
         });

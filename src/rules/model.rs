@@ -161,6 +161,11 @@ pub struct Rule {
     pub partition: Partition,
     /// Share of the static allocation kept when a global rule's lease lapses (0.0–1.0).
     pub fallback: f64,
+    /// How long a region whose lease lapsed keeps `fallback` before it steps
+    /// down to nothing (default 60 s); the coordinator re-grants the share
+    /// then, so a dead region strands capacity for lease + hold, not for
+    /// its whole outage.
+    pub fallback_hold: std::time::Duration,
     /// Where the rule was written: file name and 1-based line.
     pub file: String,
     /// Where the rule was written: 1-based line in `file`.

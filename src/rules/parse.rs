@@ -54,6 +54,7 @@ const LIMIT_FIELDS: &[&str] = &[
     "split",
     "partition",
     "fallback",
+    "fallback_hold",
 ];
 
 const RATE_LIMIT_FIELDS: &[&str] = &[
@@ -66,6 +67,9 @@ const RATE_LIMIT_FIELDS: &[&str] = &[
 ];
 
 const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_millis(50);
+/// The longest `fallback_hold`: a week of a dead region's share held back
+/// is already more than any operator means.
+const MAX_FALLBACK_HOLD: Duration = Duration::from_secs(7 * 24 * 3_600);
 /// Limits one descriptor's `limits:` may hold: each is a few Lua lines per
 /// check, and 8 covers a burst, a rate and quotas by minute, hour, day,
 /// week and month.
@@ -842,6 +846,7 @@ impl Cx<'_> {
             split: 1,
             partition: Partition::default(),
             fallback: 0.5,
+            fallback_hold: Duration::from_millis(crate::allocation::DEFAULT_FALLBACK_HOLD_MS as u64),
             file: self.file.to_owned(),
             line: spec.line,
         };
@@ -1011,7 +1016,7 @@ impl Cx<'_> {
             let choices = [("region", Scope::Region), ("global", Scope::Global)];
             rule.scope = self.choice(n, "scope", &choices).unwrap_or_default();
         }
-        for field in ["partition", "fallback"] {
+        for field in ["partition", "fallback", "fallback_hold"] {
             if let Some(n) = get(field)
                 && rule.scope != Scope::Global
             {
@@ -1035,6 +1040,22 @@ impl Cx<'_> {
                     "fallback",
                     format!("must be a number from 0.0 to 1.0, found {text:?}"),
                 ),
+            }
+        }
+        if let Some(n) = get("fallback_hold")
+            && let Some(hold) = self.duration(n, "fallback_hold")
+        {
+            if hold > MAX_FALLBACK_HOLD {
+                self.err(
+                    line(n),
+                    "fallback_hold",
+                    format!(
+                        "{hold:?} is longer than the most allowed, 7d (a longer hold strands \
+                         a dead region's share for that long)"
+                    ),
+                );
+            } else {
+                rule.fallback_hold = hold;
             }
         }
     }

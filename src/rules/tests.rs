@@ -557,6 +557,30 @@ fn rejects_bad_limits_with_line_and_field() {
         "0.0 to 1.0",
     );
     rejects(
+        &rl("    fallback_hold: 30s\n", "{unit: day, requests_per_unit: 1}"),
+        4,
+        "fallback_hold",
+        "scope: global",
+    );
+    rejects(
+        &rl(
+            "    scope: global\n    fallback_hold: 8d\n",
+            "{unit: day, requests_per_unit: 1}",
+        ),
+        5,
+        "fallback_hold",
+        "longer than the most allowed, 7d",
+    );
+    rejects(
+        &rl(
+            "    scope: global\n    fallback_hold: soon\n",
+            "{unit: day, requests_per_unit: 1}",
+        ),
+        5,
+        "fallback_hold",
+        "expected a duration",
+    );
+    rejects(
         &rl(
             "    shadow_mode: yes please\n",
             "{unit: day, requests_per_unit: 1}",
@@ -893,6 +917,7 @@ descriptors:
     scope: global
     partition: available
     fallback: 0.25
+    fallback_hold: 2m
     accuracy: approximate
     max_batch: 3
     limits:
@@ -904,6 +929,7 @@ descriptors:
     assert_eq!(rule.scope, Scope::Global);
     assert_eq!(rule.partition, Partition::Available);
     assert_eq!(rule.fallback, 0.25);
+    assert_eq!(rule.fallback_hold, std::time::Duration::from_secs(120));
     assert!(matches!(
         rule.accuracy,
         Accuracy::Approximate {

@@ -159,6 +159,7 @@ mod tests {
             burst: algorithm.has_burst().then_some(1000),
             partition: Partition::Strict,
             fallback: 0.5,
+            fallback_hold_ms: crate::allocation::DEFAULT_FALLBACK_HOLD_MS,
         }
     }
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::algorithm::{Algorithm, Params};
+use crate::allocation::cadence::report_interval_for;
 use crate::allocation::{Config, ROUND_LEAD_MS};
 use crate::rules::Partition;
 
@@ -65,6 +66,9 @@ pub struct RuleSpec {
     /// Share of the static allocation a region keeps once its lease lapses
     /// (0.0–1.0, default 0.5), as `Rule::fallback`.
     pub fallback: f64,
+    /// How long a region keeps `fallback` after its lease lapsed (default
+    /// 60 s), as `Rule::fallback_hold`.
+    pub fallback_hold_ms: i64,
 }
 
 impl RuleSpec {
@@ -95,12 +99,27 @@ impl RuleSpec {
 pub struct CoordinatorSpec {
     /// A full round (EWMA roll) runs this often.
     pub rebalance_interval_ms: i64,
-    /// Scheduled rounds end this long before a multiple of the interval.
+    /// Scheduled rounds end this long before a multiple of the interval
+    /// (default as the coordinator's `--round-lead`: 5 s, or a quarter of a
+    /// shorter interval).
     pub round_lead_ms: i64,
-    /// Each pod reports its demand this often.
+    /// Each pod reports its demand this often: by default what the
+    /// coordinator gives limiters for `rebalance_interval_ms`
+    /// (`allocation::cadence::report_interval_for`); `report_interval_s` or
+    /// `report_interval_ms` set it, as a limiter's `--report-interval` would
+    /// (there a flag may only shorten it; a scenario may set any value, to
+    /// show what an old limiter does).
     pub report_interval_ms: i64,
+    /// Each pod's next report is due `report_interval_ms × (1 ± jitter)`
+    /// after its last (uniform, from the seed; 0–0.9, default 0): timers
+    /// of real pods drift.
+    pub report_jitter: f64,
     /// Probability that one pod report is lost on the way.
     pub report_loss: f64,
+    /// A report's delivery takes up to this much longer than the region's
+    /// latency (uniform 0..=late, from the seed; default 0): late reports
+    /// arrive after later ones.
+    pub report_late_ms: i64,
     /// Keys per report; the rest is folded into a remainder.
     pub top_n: usize,
     /// Early top-up (Meridian only).
@@ -261,6 +280,7 @@ struct RawRule {
     burst: Option<i64>,
     partition: Option<String>,
     fallback: Option<f64>,
+    fallback_hold_s: Option<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -269,7 +289,10 @@ struct RawCoordinator {
     rebalance_interval_s: Option<i64>,
     round_lead_ms: Option<i64>,
     report_interval_s: Option<i64>,
+    report_interval_ms: Option<i64>,
+    report_jitter: Option<f64>,
     report_loss: Option<f64>,
+    report_late_ms: Option<i64>,
     top_n: Option<usize>,
     top_up: Option<bool>,
     lease_s: Option<i64>,
@@ -502,6 +525,13 @@ impl RawScenario {
             },
             partition,
             fallback: c.fraction(r.fallback, 0.5, "rule.fallback")?,
+            fallback_hold_ms: match r.fallback_hold_s {
+                Some(s) if s < 0 => {
+                    return c.fail("rule.fallback_hold_s", format!("{s} must be 0 or more"));
+                }
+                Some(s) => s * 1000,
+                None => crate::allocation::DEFAULT_FALLBACK_HOLD_MS,
+            },
         };
         if let Err(e) = Params::new(
             algorithm,
@@ -570,7 +600,10 @@ impl RawScenario {
         let coordinator = CoordinatorSpec {
             rebalance_interval_ms,
             round_lead_ms: {
-                let v = k.round_lead_ms.unwrap_or(ROUND_LEAD_MS);
+                // The coordinator's default: 5 s, or a quarter of a shorter interval.
+                let v = k
+                    .round_lead_ms
+                    .unwrap_or(ROUND_LEAD_MS.min(rebalance_interval_ms / 4));
                 c.ensure(
                     v >= 0 && v <= rebalance_interval_ms / 2,
                     "coordinator.round_lead_ms",
@@ -578,11 +611,42 @@ impl RawScenario {
                 )?;
                 v
             },
-            report_interval_ms: c.seconds(
-                k.report_interval_s,
-                10,
-                "coordinator.report_interval_s",
-            )?,
+            report_interval_ms: match (k.report_interval_s, k.report_interval_ms) {
+                (Some(_), Some(_)) => {
+                    return c.fail(
+                        "coordinator.report_interval_ms",
+                        "give report_interval_s or report_interval_ms, not both",
+                    );
+                }
+                (Some(s), None) => c.seconds(Some(s), 0, "coordinator.report_interval_s")?,
+                (None, Some(ms)) => {
+                    c.ensure(
+                        ms >= 1,
+                        "coordinator.report_interval_ms",
+                        format!("{ms} must be at least 1"),
+                    )?;
+                    ms
+                }
+                (None, None) => report_interval_for(rebalance_interval_ms) as i64,
+            },
+            report_jitter: {
+                let v = k.report_jitter.unwrap_or(0.0);
+                c.ensure(
+                    v.is_finite() && (0.0..=0.9).contains(&v),
+                    "coordinator.report_jitter",
+                    format!("{v} must be between 0 and 0.9 (a fraction of the interval)"),
+                )?;
+                v
+            },
+            report_late_ms: {
+                let v = k.report_late_ms.unwrap_or(0);
+                c.ensure(
+                    (0..=600_000).contains(&v),
+                    "coordinator.report_late_ms",
+                    format!("{v} must be between 0 and 600000"),
+                )?;
+                v
+            },
             report_loss: c.fraction(k.report_loss, 0.0, "coordinator.report_loss")?,
             top_n: {
                 let v = k.top_n.unwrap_or(100);
@@ -768,5 +832,59 @@ impl RawScenario {
                 surges,
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scenario(coordinator: &str) -> Result<Scenario, ScenarioError> {
+        let text = format!(
+            "name = \"t\"\nduration_s = 60\n\n[rule]\nalgorithm = \"fixed_window\"\nlimit = 200\nperiod_s = 10\n\n[coordinator]\n{coordinator}\n\n[[region]]\nname = \"a\"\n\n[traffic]\ncustomers = 1\nrate = 10.0\n"
+        );
+        Scenario::parse("t.toml", &text)
+    }
+
+    fn field(e: Result<Scenario, ScenarioError>) -> String {
+        e.map(|_| "accepted".to_string()).unwrap_or_else(|e| e.field)
+    }
+
+    #[test]
+    fn the_report_interval_is_the_coordinators_unless_a_scenario_sets_one() {
+        let interval = |c: &str| scenario(c).map(|s| s.coordinator.report_interval_ms);
+        // As the coordinator gives it: 10 s at 60 s rounds, 1 s at 2 s.
+        assert_eq!(interval(""), Ok(10_000));
+        assert_eq!(interval("rebalance_interval_s = 2"), Ok(1_000));
+        // Set, as a limiter flag would (old files keep loading).
+        assert_eq!(
+            interval("rebalance_interval_s = 2\nreport_interval_s = 10"),
+            Ok(10_000)
+        );
+        assert_eq!(interval("report_interval_ms = 250"), Ok(250));
+        assert_eq!(
+            field(scenario("report_interval_s = 1\nreport_interval_ms = 500")),
+            "coordinator.report_interval_ms"
+        );
+        assert_eq!(
+            field(scenario("report_interval_ms = 0")),
+            "coordinator.report_interval_ms"
+        );
+    }
+
+    #[test]
+    fn jitter_and_lateness_default_to_none_and_are_bounded() {
+        let s = scenario("").expect("valid");
+        assert_eq!((s.coordinator.report_jitter, s.coordinator.report_late_ms), (0.0, 0));
+        let s = scenario("report_jitter = 0.2\nreport_late_ms = 3000").expect("valid");
+        assert_eq!((s.coordinator.report_jitter, s.coordinator.report_late_ms), (0.2, 3_000));
+        assert_eq!(
+            field(scenario("report_jitter = 1.5")),
+            "coordinator.report_jitter"
+        );
+        assert_eq!(
+            field(scenario("report_late_ms = -1")),
+            "coordinator.report_late_ms"
+        );
     }
 }

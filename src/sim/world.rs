@@ -16,14 +16,13 @@ use rand::{Rng, SeedableRng};
 
 use crate::algorithm::Algorithm;
 use crate::algorithm::Micros;
-use crate::allocation::demand::{DemandTracker, KeyDemand, bound_report};
-use crate::allocation::leader::{
-    GlobalRule, Leader, LeaderConfig, PodReport, RegionDef, RuleDemand, RuleUse, TopUp,
-};
+use crate::allocation::demand::DemandTracker;
+use crate::allocation::leader::{GlobalRule, Leader, LeaderConfig, PodReport, RegionDef};
+use crate::allocation::pod::{CountedRule, Decided, Holding, PodAccount};
 use crate::allocation::table::{RegionUpdate, RuleUpdate, Table, region_update};
 use crate::allocation::{
-    Allocations, EpochDelta, Millis, RegionInput, RegionStatus, WindowUse, fallback_share,
-    next_round_at, static_shares,
+    Allocations, EpochDelta, Millis, RegionInput, RegionStatus, fallback_share, next_round_at,
+    static_shares,
 };
 use crate::rules::{Accuracy, Partition};
 
@@ -91,17 +90,12 @@ enum Event {
 }
 
 struct Pod {
-    id: String,
     table: Table,
-    /// Hits asked and allowed per key since the last report.
-    asked: HashMap<u32, (u64, u64)>,
-    /// When the last report was cut (relative ms), for a top-up's pace.
-    since: i64,
-    /// The window in which a key last asked for a top-up (one per window).
-    topped: HashMap<u32, i64>,
-    /// The window (index) and the most any key had been admitted in it, as
-    /// this pod's checks saw the region's counter.
-    seen: (i64, u64),
+    /// What the pod counted and reports: the limiter's own [`PodAccount`].
+    account: PodAccount,
+    /// When its next demand report is due (relative ms): its own timer,
+    /// out of phase with the other pods' and with the rounds.
+    next_report: i64,
 }
 
 struct Region {
@@ -215,12 +209,9 @@ impl Engine {
                 counters: Counters::new(s.rule.algorithm, s.traffic.customers),
                 pods: (0..r.pods)
                     .map(|p| Pod {
-                        id: format!("{}-{p}", r.name),
-                        table: Table::default(),
-                        asked: HashMap::new(),
-                        topped: HashMap::new(),
-                        since: 0,
-                        seen: (0, 0),
+                        table: pod_table(s),
+                        account: pod_account(s, &r.name, p),
+                        next_report: first_report(s, p, r.pods),
                     })
                     .collect(),
                 static_share: *share,
@@ -286,7 +277,7 @@ impl Engine {
                 // pod holds and acknowledges at t = 0.
                 for r in 0..self.regions.len() {
                     for p in 0..self.regions[r].pods.len() {
-                        let report = self.pod_report(r, p, 0);
+                        let report = self.pod_report(r, p, 0, false);
                         self.ingest(0, &report);
                     }
                 }
@@ -309,7 +300,7 @@ impl Engine {
                 }
                 for r in 0..self.regions.len() {
                     for p in 0..self.regions[r].pods.len() {
-                        let report = self.pod_report(r, p, 0);
+                        let report = self.pod_report(r, p, 0, false);
                         self.ingest(0, &report);
                     }
                 }
@@ -396,10 +387,10 @@ impl Engine {
         for r in 0..self.regions.len() {
             let failed = self.failed(r, t);
             if failed && !self.failed_before[r] {
+                let name = &self.scenario.regions[r].name;
                 for (p, pod) in self.regions[r].pods.iter_mut().enumerate() {
-                    pod.table = Table::default();
-                    pod.asked.clear();
-                    pod.topped.clear();
+                    pod.table = pod_table(&self.scenario);
+                    pod.account = pod_account(&self.scenario, name, p);
                     if let Some(c) = self.coordinator.as_mut() {
                         c.sent[r][p] = None;
                     }
@@ -447,7 +438,7 @@ impl Engine {
                 let table = &mut self.regions[region].pods[pod].table;
                 let _ = table.apply(&update, abs(at), |_| window);
                 // The pod acknowledges the epoch it now holds.
-                let report = self.pod_report(region, pod, at);
+                let report = self.pod_report(region, pod, at, false);
                 let lat = self.latency(region);
                 self.schedule(at + lat, Event::Report { region, report });
             }
@@ -481,10 +472,19 @@ impl Engine {
             return;
         };
         if !meridian {
+            if report.interval_ms > 0 {
+                c.wants.count_report(&report.region);
+            }
             for rd in &report.rules {
                 let period = self.scenario.rule.period_ms as u64;
-                c.wants
-                    .record(&report.region, RULE, period, &rd.keys, rd.remainder_asked);
+                c.wants.record(
+                    &report.region,
+                    RULE,
+                    period,
+                    &rd.keys,
+                    rd.remainder_asked,
+                    report.interval_ms,
+                );
             }
             return;
         }
@@ -539,41 +539,26 @@ impl Engine {
             .map(|o| o.to_ms)
     }
 
-    /// What pod `p` of region `r` tells the coordinator at `t` besides
-    /// demand: the epoch it holds and its use of the current window.
-    fn pod_report(&self, r: usize, p: usize, t: i64) -> PodReport {
-        let pod = &self.regions[r].pods[p];
-        PodReport {
-            region: self.scenario.regions[r].name.clone(),
-            pod: pod.id.clone(),
+    /// Pod `p` of region `r`'s report at `t`, cut by its [`PodAccount`] as
+    /// a limiter cuts it: the epoch it holds, its window use, what it
+    /// admitted per period, pending top-ups and — `with_demand` — its
+    /// demand since its last demand report.
+    fn pod_report(&mut self, r: usize, p: usize, t: i64, with_demand: bool) -> PodReport {
+        let rule = &self.scenario.rule;
+        let pod = &mut self.regions[r].pods[p];
+        let counted = (rule.algorithm == Algorithm::FixedWindow)
+            .then(|| pod.table.window_cap(RULE, abs(t)))
+            .flatten()
+            .map(|cap| CountedRule {
+                rule: RULE.into(),
+                period_ms: rule.period_ms as u64,
+                cap,
+            });
+        let holding = Holding {
             epoch: pod.table.epoch(),
-            used: self
-                .window_use(r, p, t)
-                .map(|(start, used)| RuleUse {
-                    rule: RULE.into(),
-                    window_start_ms: start,
-                    used,
-                })
-                .into_iter()
-                .collect(),
-            ..PodReport::default()
-        }
-    }
-
-    /// What pod `p` of region `r` reports of the current window at `t`:
-    /// only for Meridian on a fixed window (the count is exact there).
-    fn window_use(&self, r: usize, p: usize, t: i64) -> Option<(Millis, WindowUse)> {
-        if self.strategy != Strategy::Meridian
-            || self.scenario.rule.algorithm != Algorithm::FixedWindow
-        {
-            return None;
-        }
-        let period = self.scenario.rule.period_ms;
-        let window = abs(t).div_euclid(period);
-        let pod = &self.regions[r].pods[p];
-        let count = if pod.seen.0 == window { pod.seen.1 } else { 0 };
-        let cap = pod.table.window_cap(RULE, abs(t))?;
-        Some((window * period, WindowUse { count, cap }))
+            counted: counted.into_iter().collect(),
+        };
+        pod.account.report(&holding, with_demand, abs(t))
     }
 
     /// Proportional share: re-divides by the wants of the last interval.
@@ -581,7 +566,17 @@ impl Engine {
         let Some(c) = self.coordinator.as_mut() else {
             return;
         };
-        c.wants.roll((now - c.last_roll).max(1) as u64);
+        let pods: Vec<(String, usize)> = self
+            .scenario
+            .regions
+            .iter()
+            .map(|r| (r.name.clone(), r.pods))
+            .collect();
+        c.wants.roll(&|region| {
+            pods.iter()
+                .find(|(name, _)| name == region)
+                .map_or(1, |(_, n)| *n)
+        });
         c.last_roll = now;
         let names: Vec<&str> = c.regions.iter().map(|r| r.name.as_str()).collect();
         let mut totals = Vec::new();
@@ -745,50 +740,52 @@ impl Engine {
         }
     }
 
+    /// Cuts the demand reports due at `t` and sends them, each pod on its
+    /// own timer: due every report interval × (1 ± jitter) after its last,
+    /// lost with `report_loss`, delivered after the region's latency plus
+    /// up to `report_late_ms`.
     fn send_reports(&mut self, t: i64) {
-        let interval = self.scenario.coordinator.report_interval_ms;
-        let step = self.scenario.step_ms;
-        let loss = self.scenario.coordinator.report_loss;
-        let top_n = self.scenario.coordinator.top_n;
+        let c = &self.scenario.coordinator;
+        let (interval, jitter, loss, late) = (
+            c.report_interval_ms,
+            c.report_jitter,
+            c.report_loss,
+            c.report_late_ms,
+        );
         let mut out = Vec::new();
         for r in 0..self.regions.len() {
-            if self.failed(r, t) {
-                continue;
-            }
+            let failed = self.failed(r, t);
             let link = self.link(r, t);
-            let pods = self.regions[r].pods.len() as i64;
             for p in 0..self.regions[r].pods.len() {
-                // Pods report out of phase with each other.
-                let offset = (p as i64 * interval / pods) / step * step;
-                if (t + offset) % interval != 0 {
+                let due = self.regions[r].pods[p].next_report;
+                if t < due {
                     continue;
                 }
-                let pod = &mut self.regions[r].pods[p];
-                let interval_ms = (t - pod.since).max(1) as u64;
-                pod.since = t;
-                let keys: Vec<KeyDemand> = pod
-                    .asked
-                    .drain()
-                    .map(|(k, (asked, allowed))| KeyDemand {
-                        key: self.keys[k as usize].clone(),
-                        asked,
-                        allowed,
-                    })
-                    .collect();
+                let gap = if jitter > 0.0 {
+                    let f = 1.0 + jitter * self.rng.random_range(-1.0..=1.0);
+                    ((interval as f64 * f).round() as i64).max(1)
+                } else {
+                    interval
+                };
+                // A timer that fell behind (a step longer than the
+                // interval) fires once and starts again from now.
+                let next = if due + gap > t { due + gap } else { t + gap };
+                self.regions[r].pods[p].next_report = next;
+                if failed {
+                    continue;
+                }
+                let report = self.pod_report(r, p, t, true);
                 let lost = self.rng.random::<f64>() < loss;
                 if !link || lost {
                     continue;
                 }
-                let (keys, remainder_asked, _) = bound_report(keys, top_n);
-                let mut report = self.pod_report(r, p, t);
-                report.interval_ms = interval_ms;
-                report.rules.push(RuleDemand {
-                    rule: RULE.into(),
-                    keys,
-                    remainder_asked,
-                });
+                let delay = if late > 0 {
+                    self.rng.random_range(0..=late)
+                } else {
+                    0
+                };
                 out.push((
-                    t + self.scenario.regions[r].latency_ms,
+                    t + self.scenario.regions[r].latency_ms + delay,
                     Event::Report { region: r, report },
                 ));
             }
@@ -803,9 +800,16 @@ impl Engine {
         let now_us = abs_us(t);
         let s = self.scenario.clone();
         let period = s.rule.period_ms;
-        let window = now_ms.div_euclid(period);
-        // Top-up requests, sent once the step's checks are counted.
-        let mut top_ups = Vec::new();
+        let fixed_window = s.rule.algorithm == Algorithm::FixedWindow;
+        // A step's checks are spread over it: the pods count them at its
+        // last millisecond (still the same window and period, as steps
+        // divide the period), so a top-up's pace since a report covers the
+        // step's own span too.
+        let counted_at = now_ms + s.step_ms - 1;
+        let window_end = (now_ms.div_euclid(period) + 1) * period;
+        // Pods that asked for a top-up: they report once the step's checks
+        // are counted, as a limiter's reporter wakes for them.
+        let mut asked_top_up = Vec::new();
         for (r, spec) in s.regions.iter().enumerate() {
             let pods = spec.pods;
             // Key 0's allocation here, for the plots.
@@ -857,42 +861,34 @@ impl Engine {
                                 .counters
                                 .admit(key, k, self.params.get(limit), now_us);
                         admitted += got;
-                        let pod = &mut region.pods[p];
-                        if got > 0 {
-                            let count = limit.saturating_sub(remaining);
-                            pod.seen = match pod.seen {
-                                (w, c) if w == window => (w, c.max(count)),
-                                _ => (window, count),
-                            };
+                        if self.coordinator.is_none() {
+                            continue;
                         }
-                        let e = pod.asked.entry(key).or_default();
-                        e.0 += k;
-                        e.1 += got;
-                        let pod_asked = e.0;
-                        let since = pod.since;
-                        let used = limit.saturating_sub(remaining);
-                        if self.strategy == Strategy::Meridian
+                        let mut decided = Decided {
+                            rule: RULE,
+                            key: &self.keys[key as usize],
+                            period_ms: period as u64,
+                            cost: got,
+                            allowed: true,
+                            limit,
+                            remaining,
+                            reset_after_us: (window_end - counted_at).max(0) as u64 * 1_000,
+                            window_use: true,
+                            fixed_window,
+                            counted: fixed_window,
+                            windowed: s.rule.windowed(),
+                        };
+                        let account = &mut region.pods[p].account;
+                        let mut topped = got > 0 && account.record(&decided, counted_at);
+                        if k > got {
+                            (decided.cost, decided.allowed) = (k - got, false);
+                            topped |= account.record(&decided, counted_at);
+                        }
+                        if topped
+                            && self.strategy == Strategy::Meridian
                             && s.coordinator.top_up
-                            && TopUp::wanted(used, limit)
-                            && pod.topped.get(&key) != Some(&window)
                         {
-                            pod.topped.insert(key, window);
-                            if self.link(r, t) {
-                                // The pod's pace since its last report, per
-                                // period, as the limiter measures it.
-                                let elapsed = (t - since + s.step_ms).max(1) as u64;
-                                top_ups.push((
-                                    r,
-                                    p,
-                                    TopUp::measured(
-                                        RULE,
-                                        &self.keys[key as usize],
-                                        pod_asked,
-                                        elapsed,
-                                        period as u64,
-                                    ),
-                                ));
-                            }
+                            asked_top_up.push((r, p));
                         }
                     }
                 }
@@ -906,13 +902,16 @@ impl Engine {
                 e.1 += admitted;
             }
         }
-        for (r, p, top_up) in top_ups {
-            let mut report = self.pod_report(r, p, t);
-            report.top_ups.push(top_up);
-            self.schedule(
-                t + s.regions[r].latency_ms,
-                Event::Report { region: r, report },
-            );
+        asked_top_up.sort_unstable();
+        asked_top_up.dedup();
+        for (r, p) in asked_top_up {
+            let report = self.pod_report(r, p, t, false);
+            if self.link(r, t) {
+                self.schedule(
+                    t + s.regions[r].latency_ms,
+                    Event::Report { region: r, report },
+                );
+            }
         }
         if !s.rule.windowed() {
             self.check_bucket(t);
@@ -983,6 +982,27 @@ fn proportional(limit: u64, demand: &[f64], weights: &[f64]) -> Vec<u64> {
         .collect()
 }
 
+/// Pod `p` of `region`'s empty account: reports name it `region-p` and
+/// list the scenario's `top_n` keys.
+fn pod_account(s: &Scenario, region: &str, p: usize) -> PodAccount {
+    PodAccount::new(region, &format!("{region}-{p}")).with_top_keys(s.coordinator.top_n)
+}
+
+/// When pod `p` of a region's `pods` first reports: pods report out of
+/// phase with each other, spread over the interval (on step boundaries).
+fn first_report(s: &Scenario, p: usize, pods: usize) -> i64 {
+    let (interval, step) = (s.coordinator.report_interval_ms, s.step_ms);
+    let offset = (p as i64 * interval / pods.max(1) as i64) / step * step;
+    (interval - offset % interval) % interval
+}
+
+/// A pod's empty allocation table, holding the rule's `fallback_hold`.
+fn pod_table(s: &Scenario) -> Table {
+    let mut table = Table::default();
+    table.set_fallback_holds(HashMap::from([(RULE.to_string(), s.rule.fallback_hold_ms)]));
+    table
+}
+
 /// The coordinator's leader as the scenario configures it, dividing the
 /// scenario's one global rule.
 fn new_leader(s: &Scenario) -> Leader {
@@ -1000,7 +1020,8 @@ fn new_leader(s: &Scenario) -> Leader {
         s.rule.period_ms as u64,
         s.rule.partition,
         s.rule.fallback,
-    );
+    )
+    .with_fallback_hold(s.rule.fallback_hold_ms);
     leader.set_rules(None, vec![rule]);
     leader.seed(&Allocations::default(), abs(0));
     leader

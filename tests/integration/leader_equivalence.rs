@@ -196,7 +196,7 @@ fn to_pb(r: &PodReport) -> pb::DemandReport {
                     })
                     .collect(),
                 remainder_asked: rd.remainder_asked,
-                remainder_allowed: 0,
+                remainder_allowed: rd.remainder_allowed,
             })
             .collect(),
         top_ups: r
@@ -210,6 +210,16 @@ fn to_pb(r: &PodReport) -> pb::DemandReport {
             })
             .collect(),
         used: Vec::new(),
+        admitted: r
+            .admitted
+            .iter()
+            .map(|a| pb::PeriodAdmitted {
+                rule: a.rule.clone(),
+                key: a.key.clone().unwrap_or_default(),
+                period_start_unix_ms: a.period_start_ms,
+                admitted: a.admitted,
+            })
+            .collect(),
     }
 }
 
@@ -233,6 +243,7 @@ fn demand(region: &str, pod: &str, epoch: u64, key: &str, asked: u64) -> PodRepo
                 allowed: asked,
             }],
             remainder_asked: 0,
+            remainder_allowed: 0,
         }],
         ..ack(region, pod, epoch)
     }

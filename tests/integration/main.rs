@@ -17,6 +17,7 @@ mod admin_auth;
 mod approximate;
 mod approximate_flood;
 mod bench_cli;
+mod capacity;
 mod cluster;
 mod cluster_failover;
 mod cluster_id;

@@ -222,11 +222,18 @@ pub(super) async fn get_leases(State(api): State<Api>, read: Read) -> Response {
             })
         })
         .collect();
+    // Pods reporting less often than the coordinators ask (see /readyz).
+    let (expected_ms, slow) = api.allocator.report_cadence();
+    let mismatched: Vec<Value> = slow
+        .iter()
+        .map(|p| json!({ "region": p.region, "pod": p.pod, "interval_ms": p.interval_ms }))
+        .collect();
     Json(json!({
         "consistency": read.consistency,
         "epoch": state.epoch,
         "regions": regions,
         "pods_known_here": !pods.is_empty(),
+        "report_interval": { "expected_ms": expected_ms, "mismatched_pods": mismatched },
     }))
     .into_response()
 }

@@ -1,6 +1,9 @@
 //! `GET /api/v1/history?rule=R[&key=K][&since=MS]`: a global rule's (or one
 //! of its keys') grants, demand and use per region over the epochs this node
-//! sampled (`coordinator::history`).
+//! sampled (`coordinator::history`), and on the leader the rule's finished
+//! clock-aligned periods from the world ledger (`world_periods`, the
+//! busiest key's world-wide admitted against `L` and the stated bound, for
+//! every algorithm; `world_periods_how` says how it is measured).
 //!
 //! Grants and demand are the same on every node; hits are counted only by
 //! the leader. So a follower relays the request to the leader and answers
@@ -21,6 +24,7 @@ use super::errors::ApiError;
 use super::read::{Read, relay_get};
 use super::{Api, is_relayed};
 use crate::coordinator::history::Series;
+use crate::coordinator::ledger::{HOW, figure_json};
 
 /// How long a follower waits for the leader's history before it answers
 /// with its own: a dashboard should not hang on a leader that froze.
@@ -130,6 +134,17 @@ pub(super) async fn get_history(
     keys.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
     let keys = json!(keys.iter().map(|(k, _)| k).collect::<Vec<_>>());
     drop(history);
+    // Per-window world figures for every algorithm, from the leader's
+    // ledger: the busiest key's, whichever key was asked for.
+    let world_periods = api.allocator.with_ledger(|ledger, _| {
+        ledger.rule(&query.rule).map(|r| {
+            r.finished()
+                .iter()
+                .filter(|f| f.start_ms > query.since.unwrap_or(i64::MIN))
+                .map(figure_json)
+                .collect::<Vec<_>>()
+        })
+    });
     Json(json!({
         "rule": query.rule,
         "key": query.key,
@@ -146,6 +161,8 @@ pub(super) async fn get_history(
         "keys_with_series": keys,
         "regions": regions,
         "samples": samples,
+        "world_periods": world_periods.flatten(),
+        "world_periods_how": HOW,
     }))
     .into_response()
 }

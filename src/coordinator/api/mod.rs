@@ -1,4 +1,4 @@
-//! The admin HTTP API (JSON), `/healthz` and `/metrics`.
+//! The admin HTTP API (JSON), `/healthz`, `/readyz` and `/metrics`.
 //!
 //! Every answer is JSON; errors are `{"error": "...", ...}` (`errors.rs`).
 //! Writes need `Authorization: Bearer <admin token>` (`auth.rs`) and are
@@ -6,7 +6,7 @@
 //! node's applied state unless `?consistent=true` (`read.rs`).
 //!
 //! One file per resource: `rules.rs`, `regions.rs`, `allocations.rs`,
-//! `history.rs`, `cluster.rs`, `events.rs`; the dashboard's page is
+//! `history.rs`, `ledger.rs`, `cluster.rs`, `events.rs`; the dashboard's page is
 //! `dashboard.rs`; the route table below names every endpoint.
 
 mod allocations;
@@ -17,8 +17,10 @@ mod drills;
 mod errors;
 mod events;
 mod history;
+mod ledger;
 mod listener;
 mod read;
+mod ready;
 mod regions;
 mod rules;
 mod write;
@@ -70,6 +72,7 @@ pub fn router(api: Api) -> Router {
         .route("/assets/app.js", get(dashboard::script))
         .route("/assets/style.css", get(dashboard::style))
         .route("/healthz", get(healthz))
+        .route("/readyz", get(ready::readyz))
         .route("/metrics", get(prometheus))
         .route("/api/v1/rules", get(rules::get_rules).put(rules::put_rules))
         .route("/api/v1/rules/versions", get(rules::list_versions))
@@ -94,6 +97,7 @@ pub fn router(api: Api) -> Router {
         .route("/api/v1/allocations", get(allocations::get_allocations))
         .route("/api/v1/leases", get(allocations::get_leases))
         .route("/api/v1/history", get(history::get_history))
+        .route("/api/v1/ledger", get(ledger::get_ledger))
         .route("/api/v1/events", get(events::events))
         .route("/api/v1/cluster", get(cluster::cluster))
         .route("/api/v1/cluster/nodes", post(cluster::add_node))

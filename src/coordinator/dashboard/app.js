@@ -880,7 +880,25 @@ async function loadPods() {
   }
   state.pods = { known, byRegion, serverNow };
   $("pods-note").textContent = note;
+  renderReportInterval(known ? answer.report_interval : null);
   if (state.update) renderLeases(state.update);
+}
+
+// A warning line when some pods report less often than the coordinators
+// ask (an old limiter, or a long --report-interval): their regions' demand
+// goes stale between reports. The leader's figures only (see /readyz).
+function renderReportInterval(r) {
+  const line = $("report-interval-note");
+  const slow = (r && r.mismatched_pods) || [];
+  line.hidden = slow.length === 0;
+  if (!slow.length) return;
+  const regions = [...new Set(slow.map((p) => p.region))].sort();
+  const worst = Math.max(...slow.map((p) => p.interval_ms));
+  const s = (ms) => (ms / 1000).toFixed(1).replace(/\.0$/, "") + " s";
+  line.textContent = "Report interval mismatch: " + slow.length + " pod" + (slow.length === 1 ? "" : "s") +
+    " in " + regions.join(", ") + " report every " + s(worst) + " (longest) against the " +
+    s(r.expected_ms) + " the coordinators give; allocations for " + (regions.length === 1 ? "that region" : "those regions") +
+    " follow stale demand. Upgrade those limiters or drop their --report-interval (GET /readyz lists them).";
 }
 
 async function loadCluster() {

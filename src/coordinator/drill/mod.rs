@@ -191,6 +191,27 @@ pub enum What {
     /// A drain took effect: the first epoch that moves the region's share
     /// away. (Variants are appended: bincode tags them by position.)
     Drained { epoch: Epoch },
+    /// A clock-aligned period of a global rule that is not counted in
+    /// fixed windows (sliding log or counter, token bucket, GCRA,
+    /// approximate), as the leader's ledger measured it
+    /// (`allocation::ledger`): the busiest key's admitted hits per region,
+    /// each the sum of its pods' own counts for the period.
+    Period {
+        rule: String,
+        start_ms: Millis,
+        period_ms: u64,
+        admitted: BTreeMap<String, u64>,
+        limit: u64,
+        /// The rule's stated bound for the period (`Terms::bound`).
+        bound: u64,
+        /// The bound in words (`Terms::bound_is`).
+        bound_is: String,
+        /// Pods whose counts are in it.
+        pods: u32,
+        /// Every pod counted was heard after the period ended; otherwise
+        /// the figure is a lower bound.
+        complete: bool,
+    },
 }
 
 /// A rule's grants in one epoch, as [`What::Epoch`] records them.

@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 
 use super::{Drill, Event, Grants, Mode, What};
+use crate::allocation::ledger::final_wait_ms;
 use crate::allocation::{Allocations, Millis};
 
 /// The other regions' allocation "covers" the shifted demand at this
@@ -54,6 +55,31 @@ pub struct Heard {
     pub cap: u64,
 }
 
+/// One clock-aligned period of a global rule as the leader's ledger
+/// measured it (`allocation::ledger::PeriodFigure`, for drills).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LedgerPeriod {
+    /// The busiest key's admitted hits per region.
+    pub admitted: BTreeMap<String, u64>,
+    pub limit: u64,
+    pub bound: u64,
+    pub pods: u32,
+    /// Every pod counted was heard after the period ended.
+    pub complete: bool,
+}
+
+/// What the ledger holds of one rule: its period, its bound in words and
+/// its finished periods by start.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LedgerRule {
+    pub period_ms: u64,
+    pub bound_is: String,
+    pub periods: BTreeMap<Millis, LedgerPeriod>,
+}
+
+/// The ledger's finished periods per global rule (the rules drills need).
+pub type LedgerFigures = BTreeMap<String, LedgerRule>;
+
 /// The leader's own memory of a drill: lost with the leader, which is fine
 /// (see the module docs).
 #[derive(Debug, Default, Clone)]
@@ -75,6 +101,8 @@ pub struct Seen<'a> {
     pub hits: &'a HitCounts,
     /// Counted rules' window use, per window, from the reports.
     pub windows: &'a WindowCounts,
+    /// Every other global rule's periods, from the leader's ledger.
+    pub ledger: &'a LedgerFigures,
 }
 
 /// The events to commit for `drill`, given what it already holds.
@@ -271,6 +299,42 @@ pub fn observe(drill: &Drill, seen: &Seen<'_>, memory: &mut Memory) -> Vec<Event
         }
     }
 
+    // Every other global rule's periods, as the ledger finished them.
+    let written: std::collections::BTreeSet<(&str, Millis)> = drill
+        .events
+        .iter()
+        .filter_map(|e| match &e.what {
+            What::Period { rule, start_ms, .. } => Some((rule.as_str(), *start_ms)),
+            _ => None,
+        })
+        .collect();
+    for b in drill.baseline.iter().filter(|b| b.period_ms == 0) {
+        let Some(ledger) = seen.ledger.get(&b.rule) else {
+            continue;
+        };
+        let p = ledger.period_ms as Millis;
+        if p <= 0 {
+            continue;
+        }
+        let first = drill.started_at_unix_ms.div_euclid(p) * p;
+        for (start, period) in ledger.periods.range(first..) {
+            let in_scope = stopped_at.is_none_or(|s| *start <= s);
+            if in_scope && !written.contains(&(b.rule.as_str(), *start)) {
+                out.push(at(What::Period {
+                    rule: b.rule.clone(),
+                    start_ms: *start,
+                    period_ms: ledger.period_ms,
+                    admitted: period.admitted.clone(),
+                    limit: period.limit,
+                    bound: period.bound,
+                    bound_is: ledger.bound_is.clone(),
+                    pods: period.pods,
+                    complete: period.complete,
+                }));
+            }
+        }
+    }
+
     // Recovery: after the stop, the region holds its share again (its
     // lease valid, its grant near its target in every rule) and has
     // acknowledged an epoch published after the stop.
@@ -296,6 +360,12 @@ pub fn observe(drill: &Drill, seen: &Seen<'_>, memory: &mut Memory) -> Vec<Event
         let windows_pending = drill.baseline.iter().any(|b| {
             let p = b.period_ms as Millis;
             p > 0 && stop.div_euclid(p) * p + p + report_margin(p) > now
+        }) || drill.baseline.iter().filter(|b| b.period_ms == 0).any(|b| {
+            // The ledger finishes a period a final wait after it ends, and
+            // the leader advances it every second.
+            let p = seen.ledger.get(&b.rule).map_or(0, |l| l.period_ms);
+            let p = p as Millis;
+            p > 0 && stop.div_euclid(p) * p + p + final_wait_ms(p as u64) + 1_000 > now
         });
         if recovered && !windows_pending {
             out.push(at(What::Finished { recovered: true }));

@@ -20,7 +20,20 @@ pub struct Line {
     pub what: String,
 }
 
-/// One counted window of one rule, world-wide.
+/// How a window's figure was measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Measured {
+    /// A counted rule (fixed window, exact): per region the most any key
+    /// was admitted in the window, from the pods' window-use reports.
+    WindowUse,
+    /// Any other global rule: the busiest key's world-wide admitted hits in
+    /// the clock-aligned rule period, summed over every pod's own count
+    /// (the leader's ledger).
+    Ledger,
+}
+
+/// One window (clock-aligned rule period) of one rule, world-wide.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct WindowFigure {
     pub rule: String,
@@ -29,10 +42,20 @@ pub struct WindowFigure {
     pub admitted: BTreeMap<String, u64>,
     pub total: u64,
     pub limit: u64,
-    /// What the rule's partition policy lets the world admit in a window.
+    /// What the rule's stated bound lets the world admit in the window:
+    /// for counted rules `L` (+ the drilled region's grant with
+    /// `partition: available`), otherwise `bound_is` says.
     pub bound: u64,
     /// Regions not heard in the window, counted at what they could enforce.
     pub estimated: Vec<String>,
+    pub measured: Measured,
+    /// The rule's period (ledger figures; a counted rule's is its window).
+    pub period_ms: Option<u64>,
+    /// The bound in words (ledger figures).
+    pub bound_is: Option<String>,
+    /// Ledger figures: some pod's count was not final (not heard after the
+    /// period ended), so `total` is a lower bound.
+    pub partial: bool,
 }
 
 /// A figure with how it was measured.
@@ -233,34 +256,69 @@ fn windows(drill: &Drill) -> Vec<WindowFigure> {
                     limit: b.limit,
                     bound: b.limit + extra,
                     estimated: estimated.clone(),
+                    measured: Measured::WindowUse,
+                    period_ms: (b.period_ms > 0).then_some(b.period_ms),
+                    bound_is: None,
+                    partial: false,
                 })
             }
+            What::Period {
+                rule,
+                start_ms,
+                period_ms,
+                admitted,
+                limit,
+                bound,
+                bound_is,
+                complete,
+                ..
+            } => Some(WindowFigure {
+                rule: rule.clone(),
+                start_ms: *start_ms,
+                total: admitted.values().sum(),
+                admitted: admitted.clone(),
+                limit: *limit,
+                bound: *bound,
+                estimated: Vec::new(),
+                measured: Measured::Ledger,
+                period_ms: Some(*period_ms),
+                bound_is: Some(bound_is.clone()),
+                partial: !complete,
+            }),
             _ => None,
         })
         .collect()
 }
 
+/// How the per-window figures of every algorithm are measured.
+pub const WINDOWS_HOW: &str = "per global rule and window the drill touched (from the one it \
+     started in to the one it stopped in). Counted rules (fixed window, exact; `measured: \
+     window_use`): the sum over regions of the most any key was admitted in the window, as the \
+     regions' pods reported it (each pod reports the window that just ended with its final \
+     count); a region not heard after a window ended counts at the most it was enforcing when \
+     last heard in it, or, not heard in it at all, at its grant (its fallback once its lease \
+     lapsed); the bound is the limit, plus the drilled region's grant at the start for \
+     `partition: available`. Every other rule (sliding window log or counter, token bucket, \
+     GCRA, approximate; `measured: ledger`): the busiest key's world-wide admitted hits in each \
+     clock-aligned rule period — not a rolling window — the sum of every pod's own count of \
+     what it admitted in that period, the latest each pod reported to the leader (its ledger); \
+     the bound is the rule's stated bound for one period (L for windows, burst + L for buckets, \
+     + pods × max_batch on the approximate path; `bound_is` says which), and a period some pod \
+     was not heard after is `partial` (a lower bound)";
+
 fn worst(windows: &[WindowFigure], estimated: bool) -> Figure<Overshoot> {
-    let how = "per counted rule (fixed window, exact) and window the drill touched (from the one \
-               it started in to the one it stopped in): \
-               the sum over regions of the most any key was admitted in the window, as the \
-               regions' pods reported it (each pod reports the window that just ended with its final \
-               count); a region not heard after a window ended counts at the most it was \
-               enforcing when last heard in it, or, not heard in it at all, at its grant (its \
-               fallback once its lease lapsed). The bound is the \
-               limit, plus the drilled region's grant at the start for `partition: available`"
-        .to_string();
+    let how = WINDOWS_HOW.to_string();
     let how = if estimated {
         format!(
             "{how}; only windows with a region not heard after they ended: the total is an \
              upper bound"
         )
     } else {
-        format!("{how}; only windows every region reported in full")
+        format!("{how}; only windows every region reported in full (and no partial period)")
     };
     let value = windows
         .iter()
-        .filter(|w| w.estimated.is_empty() != estimated)
+        .filter(|w| !w.partial && w.estimated.is_empty() != estimated)
         .max_by_key(|w| w.total as i64 - w.bound as i64)
         .map(|w| Overshoot {
             rule: w.rule.clone(),
@@ -362,7 +420,9 @@ fn describe(drill: &Drill, what: &What) -> Option<String> {
             super::observe::RECOVERY_WAIT_MS / 1000
         ),
         What::LeaderChanged { node } => format!("coordinator {node} observes the drill"),
-        What::Hits { .. } | What::Window { .. } | What::Before { .. } => return None,
+        What::Hits { .. } | What::Window { .. } | What::Before { .. } | What::Period { .. } => {
+            return None;
+        }
     })
 }
 
@@ -441,7 +501,7 @@ pub fn markdown(r: &Report) -> String {
         None => {
             let _ = writeln!(
                 s,
-                "- **largest window**: no counted window the drill touched was reported in full \
+                "- **largest window**: no window the drill touched was reported in full \
                  by every region  \n  _{}_",
                 f.worst_window.how
             );
@@ -487,11 +547,12 @@ pub fn markdown(r: &Report) -> String {
     );
     if !f.windows.is_empty() {
         let _ = writeln!(s, "\n## Windows\n");
+        let _ = writeln!(s, "_{WINDOWS_HOW}_\n");
         let _ = writeln!(
             s,
-            "| rule | window start | admitted | L | bound | per region |"
+            "| rule | window start | admitted | L | bound | per region | measured |"
         );
-        let _ = writeln!(s, "|---|---|---:|---:|---:|---|");
+        let _ = writeln!(s, "|---|---|---:|---:|---:|---|---|");
         for w in &f.windows {
             let per: Vec<String> = w
                 .admitted
@@ -505,9 +566,14 @@ pub fn markdown(r: &Report) -> String {
                     format!("{r} {n}{est}")
                 })
                 .collect();
+            let measured = match (w.measured, w.partial) {
+                (Measured::WindowUse, _) => "window use",
+                (Measured::Ledger, false) => "ledger",
+                (Measured::Ledger, true) => "ledger (partial: a lower bound)",
+            };
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {measured} |",
                 w.rule.replace('|', "\\|"),
                 utc_text(w.start_ms),
                 w.total,

@@ -2,7 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use super::observe::{HitCounts, Memory, Seen, WindowCounts, observe};
+use super::observe::{
+    HitCounts, LedgerFigures, LedgerPeriod, LedgerRule, Memory, Seen, WindowCounts, observe,
+};
 use super::report::{markdown, report};
 use super::*;
 use crate::allocation::{Allocations, RegionLease, RuleAllocation, Slot};
@@ -171,6 +173,7 @@ fn step(drills: &mut Drills, id: u64, a: &Allocations, now: i64, memory: &mut Me
         allocations: a,
         hits: &hits,
         windows: &windows,
+        ledger: &LedgerFigures::new(),
     };
     let events = observe(&drills.by_id[&id], &seen, memory);
     if !events.is_empty() {
@@ -278,6 +281,7 @@ fn a_failed_regions_lapse_is_seen_once_and_unheard_windows_count_what_it_could_e
             allocations: &a,
             hits: &hits,
             windows: &windows,
+            ledger: &LedgerFigures::new(),
         };
         let events = observe(&drills.by_id[&id], &seen, &mut memory);
         drills.observed(id, events).expect("observed");
@@ -310,4 +314,109 @@ fn a_failed_regions_lapse_is_seen_once_and_unheard_windows_count_what_it_could_e
         "the window at 8 s ends at 12 s: not final yet at 12.25 s"
     );
     assert_eq!(r.observed_by, vec![2]);
+}
+
+#[test]
+fn a_sliding_rules_periods_come_from_the_ledger_with_their_bound_and_a_partial_one_is_no_worst() {
+    let mut drills = Drills::default();
+    let base = allocations(3, 50, 50);
+    // Not counted in fixed windows: the baseline has no period.
+    let id = drills.start(
+        start("east", Mode::Drain),
+        &base,
+        &[("api|fw".into(), 0, true)],
+    );
+    let period = |east: u64, west: u64, complete: bool| LedgerPeriod {
+        admitted: BTreeMap::from([("east".into(), east), ("west".into(), west)]),
+        limit: 100,
+        bound: 100,
+        pods: 2,
+        complete,
+    };
+    let mut ledger = LedgerFigures::from([(
+        "api|fw".to_string(),
+        LedgerRule {
+            period_ms: 2_000,
+            bound_is: "L = 100 (sliding_window_counter: every clock-aligned period ≤ L)".into(),
+            periods: BTreeMap::from([
+                // Before the drill: not its business.
+                (-2_000, period(70, 70, true)),
+                (0, period(40, 55, true)),
+                (2_000, period(10, 88, true)),
+            ]),
+        },
+    )]);
+    let a = allocations(3, 50, 50);
+    let hits = HitCounts::new();
+    let windows = WindowCounts::new();
+    let mut memory = Memory::default();
+    let mut look = |drills: &mut Drills, ledger: &LedgerFigures, now| {
+        let seen = Seen {
+            now,
+            node: 1,
+            allocations: &a,
+            hits: &hits,
+            windows: &windows,
+            ledger,
+        };
+        let events = observe(&drills.by_id[&id], &seen, &mut memory);
+        drills.observed(id, events).expect("observed");
+    };
+    look(&mut drills, &ledger, 5_000);
+    look(&mut drills, &ledger, 5_250);
+    drills
+        .stop(
+            id,
+            Stop {
+                at_unix_ms: 5_500,
+                by: Actor::default(),
+                reason: StopReason::Stopped,
+            },
+        )
+        .expect("stop");
+    // The period the drill stopped in, reported in part only.
+    if let Some(rule) = ledger.get_mut("api|fw") {
+        rule.periods.insert(4_000, period(60, 61, false));
+        rule.periods.insert(6_000, period(1, 1, true));
+    }
+    look(&mut drills, &ledger, 9_000);
+    let d = &drills.by_id[&id];
+    let periods = d
+        .events
+        .iter()
+        .filter(|e| matches!(e.what, What::Period { .. }))
+        .count();
+    assert_eq!(periods, 3, "0, 2 s and 4 s, each once: {:?}", d.events);
+    let r = report(d);
+    let figures: Vec<(i64, u64, bool)> = r
+        .figures
+        .windows
+        .iter()
+        .map(|w| (w.start_ms, w.total, w.partial))
+        .collect();
+    assert_eq!(
+        figures,
+        [(0, 95, false), (2_000, 98, false), (4_000, 121, true)]
+    );
+    assert!(
+        r.figures
+            .windows
+            .iter()
+            .all(|w| w.measured == super::report::Measured::Ledger && w.bound == 100)
+    );
+    // The partial period (a lower bound, here over L) is not the worst
+    // complete one; the how says how every figure was measured.
+    let worst = r.figures.worst_window.value.as_ref().expect("worst");
+    assert_eq!(
+        (worst.start_ms, worst.total, worst.over_bound),
+        (2_000, 98, -2)
+    );
+    assert!(
+        r.figures
+            .worst_window
+            .how
+            .contains("clock-aligned rule period")
+    );
+    let md = markdown(&r);
+    assert!(md.contains("ledger (partial: a lower bound)"), "{md}");
 }

@@ -108,6 +108,19 @@ impl World {
     /// [`World::start_with`], over mutual TLS when `tls` (every process
     /// with its own certificate from one CA), else `--insecure`.
     pub async fn start_as(rules: &str, regions: &[&str], timings: &[&str; 3], tls: bool) -> World {
+        World::start_reporting(rules, regions, timings, tls, Some("1s")).await
+    }
+
+    /// [`World::start_as`] with the limiters' `--report-interval` given as
+    /// `report_interval`, or left unset (`None`): the limiter's own default,
+    /// as a user who never read its `--help` would run it.
+    pub async fn start_reporting(
+        rules: &str,
+        regions: &[&str],
+        timings: &[&str; 3],
+        tls: bool,
+        report_interval: Option<&str>,
+    ) -> World {
         let options = Options {
             tls,
             extra_args: [
@@ -175,14 +188,15 @@ impl World {
                     name,
                     "--redis",
                     &redis.url(),
-                    "--report-interval",
-                    "1s",
                     "--rules-cache",
                     cache.to_str().expect("utf-8 path"),
                 ]
                 .iter()
                 .map(|s| s.to_string()),
             );
+            if let Some(interval) = report_interval {
+                args.extend(["--report-interval".to_string(), interval.to_string()]);
+            }
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             let limiter = LimiterProcess::start_without_rules(&args);
             world.regions.push(Region {

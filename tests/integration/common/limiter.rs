@@ -172,6 +172,13 @@ impl LimiterProcess {
         (status, text)
     }
 
+    /// SIGKILL, as a crashed or OOM-killed pod dies: no shutdown path runs,
+    /// nothing is flushed or said goodbye to. Waits for the exit.
+    pub fn kill(&mut self) -> std::process::ExitStatus {
+        let _ = self.child.kill();
+        self.child.wait().expect("wait for limiter")
+    }
+
     /// The exit status once the process has exited on its own.
     pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait().ok().flatten()

@@ -1,0 +1,794 @@
+//! A limiter pod's account of the global rules: what it counted since its
+//! last report and what it holds of each rule's current windows and periods,
+//! and the [`PodReport`] it makes of that.
+//!
+//! The limiter keeps one behind a mutex and sends its reports over gRPC; the
+//! simulator keeps one per simulated pod and hands its reports to the
+//! leader. Both therefore report the same numbers for the same decisions:
+//! - **demand** per rule and key since the last demand report, asked and
+//!   allowed, at most [`MAX_TRACKED_KEYS`] keys (the rest summed per rule),
+//!   cut to the top keys when reported;
+//! - **top-ups**: a key that used [`TOP_UP_AT`](super::TOP_UP_AT) of its
+//!   allocation asks for more, at most every [`TOP_UP_EVERY_MS`];
+//! - **window use** of exactly counted fixed windows, the current window and
+//!   the one just ended (the in-window re-grant and drills read it);
+//! - **admitted per period** of every global rule, whatever its algorithm:
+//!   the whole rule and its busiest keys in the current clock-aligned period
+//!   and the one just ended, counted since the period began (the ledger's
+//!   input: a repeated report replaces, never adds).
+//!
+//! Pure: the time of each decision and of each report is an argument.
+
+use std::collections::HashMap;
+
+use super::demand::{KeyDemand, MAX_REPORT_TOP_UPS, REPORT_TOP_KEYS, bound_report};
+use super::leader::{PeriodAdmitted, PodReport, RuleDemand, RuleUse, TopUp};
+use super::{Epoch, Millis, WindowUse};
+
+/// Distinct keys counted between two reports, over all global rules;
+/// further keys only add to their rule's remainder, so a flood of random
+/// keys cannot grow memory. Keys are at most `store::key::MAX_KEY_LEN` (512)
+/// bytes, checked before they get here: at most ~60 MB, and ~10 MB for keys
+/// of 40 bytes.
+pub const MAX_TRACKED_KEYS: usize = 100_000;
+/// Keys whose last top-up request is remembered (to ask at most every
+/// [`TOP_UP_EVERY_MS`]); a key beyond it does not ask until older ones expire.
+pub const MAX_TOP_UP_KEYS: usize = 10_000;
+/// A key asks for a top-up at most this often.
+pub const TOP_UP_EVERY_MS: Millis = 1_000;
+/// A top-up's pace is measured over at least this long since the last
+/// report: a shorter span makes one burst look like a flood.
+pub const TOP_UP_MIN_SPAN_MS: Millis = 200;
+/// Keys per rule and period whose admitted count a report carries, the
+/// busiest first (the whole rule is one more entry). The coordinator
+/// refuses more (`coordinator::report::MAX_ADMITTED_KEYS`).
+pub const ADMITTED_TOP_KEYS: usize = 16;
+/// Keys whose per-period admitted count is kept, over every rule and both
+/// periods held. A key first admitted once this many are held counts in
+/// its rule's total only: the busiest keys are admitted early in a period,
+/// so they hold their place; a flood of random keys cannot grow memory
+/// (~6 MB at 512-byte keys).
+pub const MAX_PERIOD_KEYS: usize = 10_000;
+
+/// A decided check of one global limit, as the pod counts it.
+#[derive(Debug, Clone, Copy)]
+pub struct Decided<'a> {
+    /// The limit's id (`Rule::limit_id`).
+    pub rule: &'a str,
+    /// The key as the rule counts it.
+    pub key: &'a str,
+    /// The rule's period: its clock-aligned periods are the ledger's.
+    pub period_ms: u64,
+    /// Hits asked (0 = check only: not demand).
+    pub cost: u64,
+    /// Admitted (a shadow denial counts as denied: it is demand unserved).
+    pub allowed: bool,
+    /// The decision's limit.
+    pub limit: u64,
+    /// What the decision left of `limit`.
+    pub remaining: u64,
+    /// The decision's time to its reset: for a fixed window, when the
+    /// window it was counted in ends.
+    pub reset_after_us: u64,
+    /// `limit − remaining` is the key's count against the rule's allocation
+    /// (false for an override, whose count is against its own limit and
+    /// whose window may be another one).
+    pub window_use: bool,
+    /// The rule counts in fixed windows: the reset time places the decision.
+    pub fixed_window: bool,
+    /// Counted exactly in fixed windows: its window use is reported
+    /// (`GlobalRule::counted`).
+    pub counted: bool,
+    /// The rule's algorithm has windows (not a bucket): its peak use per
+    /// window is kept for the limiter's gauge.
+    pub windowed: bool,
+}
+
+/// One counted rule as the pod enforces it when it reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CountedRule {
+    /// The limit's id.
+    pub rule: String,
+    /// Its window.
+    pub period_ms: u64,
+    /// The largest value the pod enforces for it in the current window.
+    pub cap: u64,
+}
+
+/// What the pod holds when it reports: the epoch (its acknowledgement) and
+/// its counted rules' caps.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Holding {
+    /// The allocation epoch the pod holds.
+    pub epoch: Epoch,
+    /// The counted rules it enforces, whose window use it reports.
+    pub counted: Vec<CountedRule>,
+}
+
+/// One rule's hits since the last demand report.
+#[derive(Debug, Default)]
+struct RuleHits {
+    /// key → (asked, allowed).
+    keys: HashMap<String, (u64, u64)>,
+    /// Keys beyond [`MAX_TRACKED_KEYS`], summed.
+    rest: (u64, u64),
+}
+
+/// Admitted hits in one clock-aligned period of a rule.
+#[derive(Debug)]
+struct PeriodCount {
+    start_ms: Millis,
+    /// The whole rule.
+    total: u64,
+    /// Per key, as many as [`MAX_PERIOD_KEYS`] lets in.
+    keys: HashMap<String, u64>,
+}
+
+impl PeriodCount {
+    fn new(start_ms: Millis) -> PeriodCount {
+        PeriodCount {
+            start_ms,
+            total: 0,
+            keys: HashMap::new(),
+        }
+    }
+}
+
+/// A rule's admitted counts: the newest period a decision fell in and the
+/// one before it.
+#[derive(Debug)]
+struct RulePeriods {
+    period_ms: Millis,
+    current: PeriodCount,
+    ended: Option<PeriodCount>,
+}
+
+/// One pod's account of the global rules (see the module docs).
+#[derive(Debug)]
+pub struct PodAccount {
+    /// This pod's region and name, as its reports give them.
+    region: String,
+    pod: String,
+    /// Keys per rule a demand report lists; the rest is its remainder.
+    top_keys: usize,
+    /// Rule → hits since the last demand report.
+    hits: HashMap<String, RuleHits>,
+    /// Keys in `hits`, over every rule: at most [`MAX_TRACKED_KEYS`].
+    tracked: usize,
+    /// When the span the next demand report covers began: the last demand
+    /// report, or the first hit counted after none.
+    since: Option<Millis>,
+    /// Top-up requests waiting for the next report.
+    top_ups: Vec<TopUp>,
+    /// Each (rule, key)'s last top-up request, so a key asks at most every
+    /// [`TOP_UP_EVERY_MS`]; pruned when it grows large.
+    last_top_up: HashMap<(String, String), Millis>,
+    /// Counted rule → (window start, the most any key was admitted in it),
+    /// as this pod's checks saw the count.
+    seen: HashMap<String, (Millis, u64)>,
+    /// Counted rule → the window before `seen`'s and its final count, so
+    /// the first report after a window ends still carries what it reached.
+    ended: HashMap<String, (Millis, u64)>,
+    /// Windowed rule → (window start, window end, the most any key had used
+    /// of its limit in it): for the limiter's gauge, never reported.
+    peak: HashMap<String, (Millis, Millis, u64)>,
+    /// Rule → admitted per period.
+    admitted: HashMap<String, RulePeriods>,
+    /// Keys in `admitted`, over every rule and period: at most
+    /// [`MAX_PERIOD_KEYS`].
+    period_keys: usize,
+}
+
+impl PodAccount {
+    /// An empty account for `pod` of `region`.
+    pub fn new(region: &str, pod: &str) -> PodAccount {
+        PodAccount {
+            region: region.to_string(),
+            pod: pod.to_string(),
+            top_keys: REPORT_TOP_KEYS,
+            hits: HashMap::new(),
+            tracked: 0,
+            since: None,
+            top_ups: Vec::new(),
+            last_top_up: HashMap::new(),
+            seen: HashMap::new(),
+            ended: HashMap::new(),
+            peak: HashMap::new(),
+            admitted: HashMap::new(),
+            period_keys: 0,
+        }
+    }
+
+    /// The same account listing `top_keys` keys per rule in a demand report
+    /// (at most [`REPORT_TOP_KEYS`], which the coordinator takes).
+    pub fn with_top_keys(mut self, top_keys: usize) -> PodAccount {
+        self.top_keys = top_keys.clamp(1, REPORT_TOP_KEYS);
+        self
+    }
+
+    /// Counts a decided check at `now`. True when it queued a top-up
+    /// request: the caller sends a report soon instead of at the next tick.
+    pub fn record(&mut self, d: &Decided<'_>, now: Millis) -> bool {
+        if d.cost == 0 {
+            return false;
+        }
+        self.since.get_or_insert(now);
+        let asked = self.count_demand(d);
+        let used = d.limit.saturating_sub(d.remaining);
+        let period = (d.period_ms as Millis).max(1);
+        // For fixed windows the reset time says which window decided it
+        // (an answer can arrive after the boundary); otherwise the clock.
+        let start = if d.fixed_window && d.window_use {
+            decided_window(now, d.reset_after_us, period)
+        } else {
+            now.div_euclid(period) * period
+        };
+        self.count_admitted(d, period, start);
+        if d.allowed && d.window_use && d.counted {
+            self.count_window(d.rule, start, used);
+        }
+        if d.allowed && d.window_use && d.windowed {
+            let start = now.div_euclid(period) * period;
+            match self.peak.get_mut(d.rule) {
+                Some(peak) if peak.0 == start => peak.2 = peak.2.max(used),
+                Some(peak) if peak.0 < start => *peak = (start, start + period, used),
+                Some(_) => {}
+                None => {
+                    self.peak
+                        .insert(d.rule.to_owned(), (start, start + period, used));
+                }
+            }
+        }
+        TopUp::wanted(used, d.limit) && self.ask_top_up(d, asked, now)
+    }
+
+    /// Adds the decision to its rule's demand; the (asked, allowed) of the
+    /// key's entry (or of the rule's remainder) after it.
+    fn count_demand(&mut self, d: &Decided<'_>) -> (u64, u64) {
+        // Looked up by reference: a known rule or key costs no allocation.
+        if !self.hits.contains_key(d.rule) {
+            self.hits.insert(d.rule.to_owned(), RuleHits::default());
+        }
+        let Some(rule_hits) = self.hits.get_mut(d.rule) else {
+            return (0, 0);
+        };
+        if self.tracked < MAX_TRACKED_KEYS && !rule_hits.keys.contains_key(d.key) {
+            rule_hits.keys.insert(d.key.to_string(), (0, 0));
+            self.tracked += 1;
+        }
+        let hits = match rule_hits.keys.get_mut(d.key) {
+            Some(h) => h,
+            None => &mut rule_hits.rest,
+        };
+        hits.0 += d.cost;
+        if d.allowed {
+            hits.1 += d.cost;
+        }
+        *hits
+    }
+
+    /// Adds an admitted decision to the period starting at `start`: a newer
+    /// period pushes the current one to `ended` (and the one before out); a
+    /// decision of a period older than both is not counted (its reports
+    /// have gone).
+    fn count_admitted(&mut self, d: &Decided<'_>, period: Millis, start: Millis) {
+        if !self.admitted.contains_key(d.rule) {
+            self.admitted.insert(
+                d.rule.to_owned(),
+                RulePeriods {
+                    period_ms: period,
+                    current: PeriodCount::new(start),
+                    ended: None,
+                },
+            );
+        }
+        let Some(periods) = self.admitted.get_mut(d.rule) else {
+            return;
+        };
+        periods.period_ms = period;
+        if start > periods.current.start_ms {
+            let ended = std::mem::replace(&mut periods.current, PeriodCount::new(start));
+            if let Some(dropped) = periods.ended.replace(ended) {
+                self.period_keys -= dropped.keys.len();
+            }
+        }
+        let count = if start == periods.current.start_ms {
+            &mut periods.current
+        } else {
+            match periods.ended.as_mut() {
+                Some(ended) if ended.start_ms == start => ended,
+                _ => return,
+            }
+        };
+        if !d.allowed {
+            return;
+        }
+        count.total += d.cost;
+        if let Some(n) = count.keys.get_mut(d.key) {
+            *n += d.cost;
+        } else if self.period_keys < MAX_PERIOD_KEYS {
+            count.keys.insert(d.key.to_string(), d.cost);
+            self.period_keys += 1;
+        }
+    }
+
+    /// Notes that a key of counted `rule` had been admitted `used` times in
+    /// the window starting at `start`.
+    fn count_window(&mut self, rule: &str, start: Millis, used: u64) {
+        match self.seen.get_mut(rule) {
+            Some(seen) if seen.0 == start => seen.1 = seen.1.max(used),
+            Some(seen) if seen.0 < start => {
+                let ended = std::mem::replace(seen, (start, used));
+                self.ended.insert(rule.to_owned(), ended);
+            }
+            // Answered after a newer window's first: the window before is
+            // still the last ended one, so it is not lost.
+            Some(_) => {
+                if let Some(ended) = self.ended.get_mut(rule)
+                    && ended.0 == start
+                {
+                    ended.1 = ended.1.max(used);
+                }
+            }
+            None => {
+                self.seen.insert(rule.to_owned(), (start, used));
+            }
+        }
+    }
+
+    /// Queues a top-up for the decision's key unless it asked within
+    /// [`TOP_UP_EVERY_MS`] or a bound is reached; true if queued.
+    fn ask_top_up(&mut self, d: &Decided<'_>, asked: (u64, u64), now: Millis) -> bool {
+        let id = (d.rule.to_owned(), d.key.to_string());
+        let due = self
+            .last_top_up
+            .get(&id)
+            .is_none_or(|t| now - t >= TOP_UP_EVERY_MS);
+        // A report carries at most MAX_REPORT_TOP_UPS (the coordinator
+        // refuses more), and the keys asking within a second are bounded
+        // the same way.
+        if !due
+            || self.top_ups.len() >= MAX_REPORT_TOP_UPS
+            || self.last_top_up.len() >= MAX_TOP_UP_KEYS && !self.last_top_up.contains_key(&id)
+        {
+            return false;
+        }
+        // The key's pace here since the last report, per period.
+        let Some(since) = self.since.map(|t| now - t) else {
+            return false;
+        };
+        if since < TOP_UP_MIN_SPAN_MS {
+            return false;
+        }
+        self.top_ups.push(TopUp::measured(
+            d.rule,
+            d.key,
+            asked.0,
+            since as u64,
+            d.period_ms,
+        ));
+        self.last_top_up.insert(id, now);
+        if self.last_top_up.len() >= MAX_TOP_UP_KEYS / 2 {
+            self.last_top_up.retain(|_, t| now - *t < TOP_UP_EVERY_MS);
+        }
+        true
+    }
+
+    /// Whether top-up requests wait for a report.
+    pub fn has_top_ups(&self) -> bool {
+        !self.top_ups.is_empty()
+    }
+
+    /// The report to send at `now`: the epoch held, pending top-ups, window
+    /// use and admitted counts, and — `with_demand` — the demand since the
+    /// last demand report (which it then starts over). Without demand it is
+    /// an acknowledgement.
+    pub fn report(&mut self, holding: &Holding, with_demand: bool, now: Millis) -> PodReport {
+        let mut report = PodReport {
+            region: self.region.clone(),
+            pod: self.pod.clone(),
+            epoch: holding.epoch,
+            top_ups: std::mem::take(&mut self.top_ups),
+            used: self.window_use(&holding.counted, now),
+            admitted: self.admitted(now),
+            ..PodReport::default()
+        };
+        if !with_demand {
+            return report;
+        }
+        report.interval_ms = self
+            .since
+            .replace(now)
+            .map_or(0, |t| (now - t).max(1) as u64);
+        self.tracked = 0;
+        for (rule, rule_hits) in std::mem::take(&mut self.hits) {
+            let keys = rule_hits
+                .keys
+                .into_iter()
+                .map(|(key, (asked, allowed))| KeyDemand {
+                    key,
+                    asked,
+                    allowed,
+                })
+                .collect();
+            let (keys, rest_asked, rest_allowed) = bound_report(keys, self.top_keys);
+            report.rules.push(RuleDemand {
+                rule,
+                keys,
+                remainder_asked: rest_asked + rule_hits.rest.0,
+                remainder_allowed: rest_allowed + rule_hits.rest.1,
+            });
+        }
+        report.rules.sort_by(|a, b| a.rule.cmp(&b.rule));
+        report
+    }
+
+    /// What this pod saw of each counted rule's current window at `now`
+    /// (0 if nothing) and of the one just ended (its final count, when it
+    /// saw any), with the largest value it enforces for it.
+    fn window_use(&self, counted: &[CountedRule], now: Millis) -> Vec<RuleUse> {
+        let mut used = Vec::with_capacity(2 * counted.len());
+        for c in counted {
+            let p = (c.period_ms as Millis).max(1);
+            let start = now.div_euclid(p) * p;
+            let seen = self.seen.get(&c.rule);
+            let last = match seen {
+                Some((s, n)) if *s == start - p => Some(*n),
+                _ => match self.ended.get(&c.rule) {
+                    Some((s, n)) if *s == start - p => Some(*n),
+                    _ => None,
+                },
+            };
+            // The ended window first: it is older than the current one, so
+            // the centre's in-window view keeps the current one.
+            if let Some(count) = last {
+                used.push(RuleUse {
+                    rule: c.rule.clone(),
+                    window_start_ms: start - p,
+                    used: WindowUse { count, cap: c.cap },
+                });
+            }
+            let count = match seen {
+                Some((s, n)) if *s == start => *n,
+                _ => 0,
+            };
+            used.push(RuleUse {
+                rule: c.rule.clone(),
+                window_start_ms: start,
+                used: WindowUse { count, cap: c.cap },
+            });
+        }
+        used.sort_by(|a, b| {
+            (a.rule.as_str(), a.window_start_ms).cmp(&(b.rule.as_str(), b.window_start_ms))
+        });
+        used
+    }
+
+    /// Admitted per rule period at `now`: the current period and the one
+    /// just ended, the whole rule then its [`ADMITTED_TOP_KEYS`] busiest
+    /// keys. Periods older than that are dropped here.
+    fn admitted(&mut self, now: Millis) -> Vec<PeriodAdmitted> {
+        let mut out = Vec::new();
+        let mut freed = 0;
+        self.admitted.retain(|rule, periods| {
+            let p = periods.period_ms;
+            let oldest = now.div_euclid(p) * p - p;
+            if periods.ended.as_ref().is_some_and(|e| e.start_ms < oldest) {
+                freed += periods.ended.take().map_or(0, |e| e.keys.len());
+            }
+            if periods.current.start_ms < oldest {
+                freed += periods.current.keys.len();
+                return false;
+            }
+            for count in periods.ended.iter().chain([&periods.current]) {
+                out.push(PeriodAdmitted {
+                    rule: rule.clone(),
+                    key: None,
+                    period_start_ms: count.start_ms,
+                    admitted: count.total,
+                });
+                let mut keys: Vec<(&String, u64)> =
+                    count.keys.iter().map(|(k, n)| (k, *n)).collect();
+                keys.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+                out.extend(
+                    keys.into_iter()
+                        .take(ADMITTED_TOP_KEYS)
+                        .map(|(key, n)| PeriodAdmitted {
+                            rule: rule.clone(),
+                            key: Some(key.clone()),
+                            period_start_ms: count.start_ms,
+                            admitted: n,
+                        }),
+                );
+            }
+            true
+        });
+        self.period_keys -= freed;
+        // Grouped by rule and period, the whole rule first: the same input
+        // gives the same report.
+        out.sort_by(|a, b| {
+            (a.rule.as_str(), a.period_start_ms, a.key.is_some())
+                .cmp(&(b.rule.as_str(), b.period_start_ms, b.key.is_some()))
+        });
+        out
+    }
+
+    /// Each windowed rule's window end and the most any key had used of its
+    /// limit in that window, as this pod's checks saw it (the limiter's
+    /// `meridian_allocation_window_admitted_max`).
+    pub fn window_peaks(&self) -> impl Iterator<Item = (&str, Millis, u64)> {
+        self.peak
+            .iter()
+            .map(|(rule, (_, end, used))| (rule.as_str(), *end, *used))
+    }
+}
+
+/// The start of the fixed window a decision was counted in, from its reset
+/// time (when that window ends) and the clock when its answer arrived. Not
+/// from the clock alone: an answer can arrive after the boundary of the
+/// window that decided it. Rounding to the nearest boundary absorbs the
+/// answer's latency and clock skew with Redis of up to half a window.
+pub fn decided_window(answered: Millis, reset_after_us: u64, period: Millis) -> Millis {
+    let period = period.max(1);
+    let end = answered.saturating_add((reset_after_us / 1_000) as Millis);
+    ((end + period / 2).div_euclid(period) - 1) * period
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RULE: &str = "api|customer";
+    /// A minute boundary.
+    const T0: Millis = 1_700_006_400_000;
+    const MINUTE: u64 = 60_000;
+
+    /// One hit of `key` decided at `now` with `remaining` of 10 left, in a
+    /// one-minute fixed window counted exactly.
+    fn hit(key: &str, allowed: bool, remaining: u64, now: Millis) -> Decided<'_> {
+        let end = (now.div_euclid(MINUTE as Millis) + 1) * MINUTE as Millis;
+        Decided {
+            rule: RULE,
+            key,
+            period_ms: MINUTE,
+            cost: 1,
+            allowed,
+            limit: 10,
+            remaining,
+            reset_after_us: (end - now) as u64 * 1_000,
+            window_use: true,
+            fixed_window: true,
+            counted: true,
+            windowed: true,
+        }
+    }
+
+    fn holding(cap: u64) -> Holding {
+        Holding {
+            epoch: 3,
+            counted: vec![CountedRule {
+                rule: RULE.into(),
+                period_ms: MINUTE,
+                cap,
+            }],
+        }
+    }
+
+    fn admitted(report: &PodReport) -> Vec<(Millis, Option<&str>, u64)> {
+        report
+            .admitted
+            .iter()
+            .map(|a| (a.period_start_ms - T0, a.key.as_deref(), a.admitted))
+            .collect()
+    }
+
+    #[test]
+    fn demand_stays_bounded_under_a_flood_of_keys_and_nothing_is_lost() {
+        let mut account = PodAccount::new("r", "pod");
+        let n = MAX_TRACKED_KEYS + 500;
+        for i in 0..n {
+            account.record(&hit(&format!("k{i}"), i % 2 == 0, 9, T0), T0);
+        }
+        assert_eq!(account.hits[RULE].keys.len(), MAX_TRACKED_KEYS);
+        assert_eq!(account.tracked, MAX_TRACKED_KEYS);
+        assert!(account.period_keys <= MAX_PERIOD_KEYS);
+        let report = account.report(&holding(10), true, T0 + 1_000);
+        let rd = &report.rules[0];
+        assert_eq!(rd.keys.len(), REPORT_TOP_KEYS);
+        let asked: u64 = rd.keys.iter().map(|k| k.asked).sum::<u64>() + rd.remainder_asked;
+        let allowed: u64 = rd.keys.iter().map(|k| k.allowed).sum::<u64>() + rd.remainder_allowed;
+        assert_eq!((asked, allowed), (n as u64, n.div_ceil(2) as u64));
+        assert_eq!(report.interval_ms, 1_000, "since the first hit");
+        // The period's whole-rule count holds every admitted hit, even of
+        // keys beyond the bound; the report lists the busiest 16 keys.
+        assert_eq!(report.admitted[0].key, None);
+        assert_eq!(report.admitted[0].admitted, n.div_ceil(2) as u64);
+        assert_eq!(report.admitted.len(), 1 + ADMITTED_TOP_KEYS);
+        assert!(
+            account
+                .report(&holding(10), true, T0 + 2_000)
+                .rules
+                .is_empty(),
+            "a demand report drains the counts"
+        );
+    }
+
+    #[test]
+    fn a_smaller_report_folds_the_rest_into_the_remainder() {
+        let mut account = PodAccount::new("r", "pod").with_top_keys(2);
+        for (key, n) in [("a", 5), ("b", 3), ("c", 2), ("d", 1)] {
+            for _ in 0..n {
+                account.record(&hit(key, true, 5, T0), T0);
+            }
+        }
+        let report = account.report(&holding(10), true, T0 + 10_000);
+        let rd = &report.rules[0];
+        let keys: Vec<(&str, u64)> = rd.keys.iter().map(|k| (k.key.as_str(), k.asked)).collect();
+        assert_eq!(keys, vec![("a", 5), ("b", 3)]);
+        assert_eq!((rd.remainder_asked, rd.remainder_allowed), (3, 3));
+    }
+
+    #[test]
+    fn admitted_counts_are_cumulative_in_a_period_and_a_repeated_report_replaces() {
+        let mut account = PodAccount::new("r", "pod");
+        let at = T0 + 5_000;
+        for _ in 0..3 {
+            account.record(&hit("a", true, 5, at), at);
+        }
+        account.record(&hit("b", true, 5, at), at);
+        account.record(&hit("b", false, 0, at), at);
+        let first = account.report(&holding(10), true, at + 1_000);
+        assert_eq!(
+            admitted(&first),
+            vec![(0, None, 4), (0, Some("a"), 3), (0, Some("b"), 1)]
+        );
+        // An acknowledgement repeats the same counts: the period's, not
+        // the interval's.
+        let again = account.report(&holding(10), false, at + 1_500);
+        assert_eq!(admitted(&again), admitted(&first));
+        // More in the same period: the counts grow from where they were.
+        account.record(&hit("a", true, 5, at + 2_000), at + 2_000);
+        let next = account.report(&holding(10), true, at + 3_000);
+        assert_eq!(
+            admitted(&next),
+            vec![(0, None, 5), (0, Some("a"), 4), (0, Some("b"), 1)]
+        );
+    }
+
+    #[test]
+    fn a_new_period_keeps_the_one_just_ended_and_drops_older_ones() {
+        let mut account = PodAccount::new("r", "pod");
+        let minute = MINUTE as Millis;
+        account.record(&hit("a", true, 5, T0 + 1_000), T0 + 1_000);
+        account.record(&hit("a", true, 5, T0 + minute + 1_000), T0 + minute + 1_000);
+        account.record(&hit("b", true, 5, T0 + minute + 2_000), T0 + minute + 2_000);
+        let report = account.report(&holding(10), true, T0 + minute + 3_000);
+        assert_eq!(
+            admitted(&report),
+            vec![
+                (0, None, 1),
+                (0, Some("a"), 1),
+                (minute, None, 2),
+                (minute, Some("a"), 1),
+                (minute, Some("b"), 1),
+            ]
+        );
+        // A late answer of the ended window still counts there (placed by
+        // its reset time), not in the current one.
+        let late = Decided {
+            reset_after_us: 500,
+            ..hit("a", true, 5, T0 + minute + 4_000)
+        };
+        account.record(&late, T0 + minute + 4_000);
+        let report = account.report(&holding(10), false, T0 + minute + 5_000);
+        assert_eq!(admitted(&report)[0], (0, None, 2));
+        // A period later the one before is dropped; two later, all of them,
+        // and their keys are freed.
+        let report = account.report(&holding(10), true, T0 + 2 * minute + 1);
+        assert_eq!(
+            admitted(&report),
+            vec![(minute, None, 2), (minute, Some("a"), 1), (minute, Some("b"), 1)]
+        );
+        let report = account.report(&holding(10), true, T0 + 3 * minute);
+        assert!(report.admitted.is_empty());
+        assert_eq!(account.period_keys, 0);
+    }
+
+    #[test]
+    fn every_algorithm_fills_the_ledger_by_clock_aligned_periods() {
+        let mut account = PodAccount::new("r", "pod");
+        // A token bucket of 10 a minute: no window, no window use.
+        let bucket = |now: Millis| Decided {
+            fixed_window: false,
+            counted: false,
+            windowed: false,
+            reset_after_us: 6_000_000,
+            ..hit("k", true, 5, now)
+        };
+        account.record(&bucket(T0 + 59_999), T0 + 59_999);
+        account.record(&bucket(T0 + 60_000), T0 + 60_000);
+        let report = account.report(&Holding::default(), true, T0 + 60_001);
+        assert_eq!(
+            admitted(&report),
+            vec![
+                (0, None, 1),
+                (0, Some("k"), 1),
+                (60_000, None, 1),
+                (60_000, Some("k"), 1)
+            ]
+        );
+        assert!(report.used.is_empty());
+    }
+
+    #[test]
+    fn period_keys_stay_bounded_and_the_rule_total_counts_every_hit() {
+        let mut account = PodAccount::new("r", "pod");
+        let n = MAX_PERIOD_KEYS + 100;
+        for i in 0..n {
+            account.record(&hit(&format!("k{i}"), true, 5, T0), T0);
+        }
+        assert_eq!(account.period_keys, MAX_PERIOD_KEYS);
+        let report = account.report(&holding(10), true, T0 + 1);
+        assert_eq!(report.admitted[0].admitted, n as u64);
+    }
+
+    /// A decision Redis made in the last moment of a window can be answered
+    /// after the boundary: it is that window's use, not the new one's (the
+    /// drills test saw a region's final count of one window reported again
+    /// as the next window's, 160 against a grant of 100).
+    #[test]
+    fn a_late_answer_counts_in_the_window_that_decided_it() {
+        let mut account = PodAccount::new("r", "pod");
+        let minute = MINUTE as Millis;
+        let now = T0 + minute + 100;
+        // The previous window's last decision (9 of 10 used), answered now.
+        let late = |remaining| Decided {
+            reset_after_us: 1_000,
+            ..hit("k", true, remaining, now)
+        };
+        account.record(&late(1), now);
+        // The current window's first decision.
+        account.record(&hit("k", true, 9, now), now);
+        // And a later answer from the previous window, after it.
+        account.record(&late(0), now);
+        let report = account.report(&holding(10), false, now);
+        let used: Vec<(Millis, u64, u64)> = report
+            .used
+            .iter()
+            .map(|u| (u.window_start_ms - T0, u.used.count, u.used.cap))
+            .collect();
+        assert_eq!(used, vec![(0, 10, 10), (minute, 1, 10)]);
+        assert_eq!(report.epoch, 3);
+    }
+
+    #[test]
+    fn top_ups_are_asked_once_a_second_per_key_within_what_a_report_carries() {
+        let mut account = PodAccount::new("r", "pod");
+        // A report a second ago: the pace is measured since then.
+        account.report(&holding(10), true, T0);
+        // Every key at its allocation asks for a top-up: a flood of them.
+        let now = T0 + 1_000;
+        let mut asked = 0;
+        for i in 0..(MAX_REPORT_TOP_UPS + 2_000) {
+            asked += usize::from(account.record(&hit(&format!("k{i}"), true, 0, now), now));
+        }
+        assert_eq!(asked, MAX_REPORT_TOP_UPS);
+        assert!(account.last_top_up.len() <= MAX_TOP_UP_KEYS);
+        let report = account.report(&holding(10), false, now);
+        assert_eq!(report.top_ups.len(), MAX_REPORT_TOP_UPS);
+        assert_eq!(report.top_ups[0].interval_ms, 1_000);
+        // The same key within the second does not ask again; after it, it does.
+        assert!(!account.record(&hit("k0", true, 0, now + 500), now + 500));
+        assert!(account.record(&hit("k0", true, 0, now + 1_000), now + 1_000));
+        // Below 90 % of the allocation, nothing is asked.
+        assert!(!account.record(&hit("x", true, 2, now + 2_000), now + 2_000));
+    }
+
+    #[test]
+    fn a_top_up_waits_until_the_pace_is_measured_over_a_fifth_of_a_second() {
+        let mut account = PodAccount::new("r", "pod");
+        account.report(&holding(10), true, T0);
+        assert!(!account.record(&hit("k", true, 0, T0 + 100), T0 + 100));
+        assert!(account.record(&hit("k", true, 0, T0 + 200), T0 + 200));
+    }
+}

@@ -1,0 +1,214 @@
+//! The world ledger on the coordinator: the pure
+//! [`Ledger`](crate::allocation::ledger::Ledger) lives in the leader's
+//! [`Leader`](crate::allocation::leader::Leader); this turns its figures
+//! into Prometheus gauges, JSON for `GET /api/v1/ledger` and the history,
+//! and the per-period figures drills record.
+//!
+//! Gauges (label `rule` only: global rules are set by operators, so the
+//! label stays bounded; no key is a label):
+//! - `meridian_global_admitted` — the busiest key's world-wide admitted
+//!   hits in the rule's current clock-aligned period, so far;
+//! - `meridian_global_limit` — `L`;
+//! - `meridian_global_bound` — the stated bound of the current period;
+//! - `meridian_global_worst_period_ratio` — the finished period of the last
+//!   hour with the most admitted, as admitted / `L`;
+//! - `meridian_global_periods_over_bound` — finished periods of the last
+//!   hour above their bound.
+//!
+//! Only the leader holds a ledger: a follower (or a node that stopped
+//! leading) sets every one of these to 0, so take `max by (rule)` over the
+//! coordinators.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use metrics::{counter, describe_gauge, gauge};
+use serde_json::{Value, json};
+
+use super::drill::observe::{LedgerFigures, LedgerPeriod, LedgerRule};
+use crate::allocation::Millis;
+use crate::allocation::ledger::{HOUR_MS, Ledger, PeriodFigure, RuleLedger};
+
+/// How every ledger figure is measured, for the API and the docs.
+pub const HOW: &str = "world-wide admitted hits per clock-aligned rule period \
+     (floor(t / period) × period, Unix time), for every algorithm: the sum over every pod of \
+     every region of the latest count it reported of what it admitted in that period (counts \
+     are cumulative, so a repeated or late report replaces a pod's count, never adds). For a \
+     sliding window or a bucket this is the clock-aligned period, not a rolling window. `L` is \
+     per key, so `admitted` is the busiest tracked key's count (`all_keys`: every key \
+     together); the bound is the rule's stated bound for one period: L for fixed window, \
+     sliding log and sliding counter, burst + L for token bucket and GCRA, + pods × max_batch \
+     on the approximate path. A period is final one period (at most 60 s) after it ends; it is \
+     `complete` when every pod counted was heard after it ended (else a lower bound). Counted \
+     by the leader from the reports that reach it: a new leader starts empty";
+
+/// Says what each gauge is, once per process.
+pub fn describe() {
+    describe_gauge!(
+        "meridian_global_admitted",
+        "Leader only (0 elsewhere): the busiest key's world-wide admitted hits in the global \
+         rule's current clock-aligned period, summed over every pod's report"
+    );
+    describe_gauge!(
+        "meridian_global_limit",
+        "Leader only (0 elsewhere): the global rule's world-wide limit L per period and key"
+    );
+    describe_gauge!(
+        "meridian_global_bound",
+        "Leader only (0 elsewhere): the stated bound of the current period (L; burst + L for \
+         buckets; + pods x max_batch approximate)"
+    );
+    describe_gauge!(
+        "meridian_global_worst_period_ratio",
+        "Leader only (0 elsewhere): admitted / L of the finished period of the last hour that \
+         admitted the most (0: none finished)"
+    );
+    describe_gauge!(
+        "meridian_global_periods_over_bound",
+        "Leader only (0 elsewhere): finished periods of the last hour whose world-wide \
+         admitted exceeded their stated bound"
+    );
+    describe_gauge!(
+        "meridian_coordinator_ledger_bytes",
+        "Memory the leader's world ledger holds"
+    );
+}
+
+/// Sets the gauges from `ledger` (the leader's), or to 0 for every rule
+/// set before when `ledger` is `None` (not leading). `exported` remembers
+/// which rules have series, so a rule that left and a deposed leader's
+/// values do not linger.
+pub fn export(ledger: Option<&Ledger>, now: Millis, exported: &mut BTreeSet<String>) {
+    let mut seen = BTreeSet::new();
+    if let Some(ledger) = ledger {
+        for (id, rule) in ledger.rules() {
+            let current = rule.current(now);
+            let worst = rule
+                .worst_within(now, HOUR_MS)
+                .map_or(0.0, PeriodFigure::ratio);
+            let label = [("rule", id.clone())];
+            gauge!("meridian_global_admitted", &label).set(current.admitted as f64);
+            gauge!("meridian_global_limit", &label).set(current.limit as f64);
+            gauge!("meridian_global_bound", &label).set(current.bound as f64);
+            gauge!("meridian_global_worst_period_ratio", &label).set(worst);
+            gauge!("meridian_global_periods_over_bound", &label)
+                .set(rule.over_bound_within(now, HOUR_MS) as f64);
+            seen.insert(id.clone());
+        }
+        gauge!("meridian_coordinator_ledger_bytes").set(ledger.bytes() as f64);
+        let d = ledger.dropped();
+        for (reason, n) in [
+            ("unknown_rule", d.unknown_rule),
+            ("misaligned", d.misaligned),
+            ("future", d.future),
+            ("late", d.late),
+            ("pods", d.pods),
+            ("keys", d.keys),
+        ] {
+            counter!("meridian_coordinator_ledger_dropped_total", "reason" => reason).absolute(n);
+        }
+    }
+    for gone in exported.difference(&seen) {
+        let label = [("rule", gone.clone())];
+        for name in [
+            "meridian_global_admitted",
+            "meridian_global_limit",
+            "meridian_global_bound",
+            "meridian_global_worst_period_ratio",
+            "meridian_global_periods_over_bound",
+        ] {
+            gauge!(name, &label).set(0.0);
+        }
+    }
+    *exported = seen;
+}
+
+/// One period as JSON.
+pub fn figure_json(f: &PeriodFigure) -> Value {
+    let per = |regions: &[(std::sync::Arc<str>, u64)]| -> BTreeMap<String, u64> {
+        regions.iter().map(|(r, n)| (r.to_string(), *n)).collect()
+    };
+    json!({
+        "start_unix_ms": f.start_ms,
+        "period_ms": f.period_ms,
+        "admitted": f.admitted,
+        "key": f.key.as_deref(),
+        "regions": per(&f.regions),
+        "all_keys": f.all_keys,
+        "all_keys_regions": per(&f.all_keys_regions),
+        "limit": f.limit,
+        "bound": f.bound,
+        "over_bound": f.over_bound(),
+        "pods": f.pods,
+        "tracked_keys": f.keys,
+        "complete": f.complete,
+    })
+}
+
+/// Keys of the current period shown per rule (the busiest).
+pub const TOP_KEYS: usize = 10;
+
+/// One rule's ledger as JSON: its terms, the current period (with its
+/// busiest keys), the newest `periods` finished ones and the worst of the
+/// last hour.
+pub fn rule_json(rule: &RuleLedger, now: Millis, periods: usize) -> Value {
+    let terms = rule.terms();
+    let finished = rule.finished();
+    let recent: Vec<Value> = finished
+        .iter()
+        .skip(finished.len().saturating_sub(periods))
+        .map(figure_json)
+        .collect();
+    let top: Vec<Value> = rule
+        .top_keys(now, TOP_KEYS)
+        .iter()
+        .map(|(k, n)| json!({ "key": &**k, "admitted": n }))
+        .collect();
+    json!({
+        "limit": terms.limit,
+        "period_ms": terms.period_ms,
+        "algorithm": terms.algorithm.name(),
+        "accuracy": if terms.per_pod_slack.is_some() { "approximate" } else { "exact" },
+        "bound_is": terms.bound_is(),
+        "current": figure_json(&rule.current(now)),
+        "current_top_keys": top,
+        "periods": recent,
+        "worst_last_hour": rule.worst_within(now, HOUR_MS).map(figure_json),
+        "periods_over_bound_last_hour": rule.over_bound_within(now, HOUR_MS),
+    })
+}
+
+/// The finished periods of `rules` that start at or after each one's
+/// `from`, for drills.
+pub fn drill_figures(ledger: &Ledger, rules: &BTreeMap<String, Millis>) -> LedgerFigures {
+    rules
+        .iter()
+        .filter_map(|(id, from)| {
+            let rule = ledger.rule(id)?;
+            let periods = rule
+                .finished()
+                .iter()
+                .filter(|f| f.start_ms >= *from)
+                .map(|f| {
+                    (
+                        f.start_ms,
+                        LedgerPeriod {
+                            admitted: f.regions.iter().map(|(r, n)| (r.to_string(), *n)).collect(),
+                            limit: f.limit,
+                            bound: f.bound,
+                            pods: f.pods,
+                            complete: f.complete,
+                        },
+                    )
+                })
+                .collect();
+            Some((
+                id.clone(),
+                LedgerRule {
+                    period_ms: rule.terms().period_ms,
+                    bound_is: rule.terms().bound_is(),
+                    periods,
+                },
+            ))
+        })
+        .collect()
+}
