@@ -91,6 +91,23 @@ fn region_failure_and_recovery_keep_every_window_within_the_limit() {
     assert_bounds(&r);
 }
 
+/// A dead region's share returns to the living within lease + hold + a
+/// round (180 + 60 + 60 s at the scenario's defaults) instead of at the end
+/// of its 30-minute outage, and the traffic that failed over is rejected
+/// less than with a static split or plain proportional shares.
+#[test]
+fn a_dead_regions_share_returns_within_lease_hold_and_a_round() {
+    let r = run(short("region-failure", 100));
+    let m = of(&r, Strategy::Meridian);
+    let fail_at = 3_600_000;
+    let catch_up = m.catch_up_ms(&[fail_at]);
+    match catch_up.first().copied().flatten() {
+        Some(ms) => assert!(ms <= 300_000, "caught up after {} s, not within 300 s", ms / 1000),
+        None => panic!("never caught up after the region failed"),
+    }
+    assert_fewer_false_rejections(&r, &[Strategy::Static, Strategy::Proportional]);
+}
+
 #[test]
 fn a_strict_partition_adds_nothing() {
     let r = run(short("partition-strict", 90));

@@ -226,7 +226,11 @@ mod tests {
         let slow = cadence.slow_pods(now);
         assert_eq!(slow.len(), 1);
         assert_eq!(
-            (slow[0].region.as_str(), slow[0].pod.as_str(), slow[0].interval_ms),
+            (
+                slow[0].region.as_str(),
+                slow[0].pod.as_str(),
+                slow[0].interval_ms
+            ),
             ("hyderabad", "h-0", 10_000)
         );
         // 390 s of reports: warned at 0 s and at 300 s.

@@ -235,10 +235,19 @@ fn a_swing_is_followed_and_traffic_that_stops_brings_demand_down() {
     assert!(g[1] >= 120, "b holds most of L after the swing: {g:?}");
     // A region whose traffic stops (its pods still report, with no hits)
     // goes to no demand.
-    let stops = |r: usize, t: i64| if r == 0 && t >= T0 + 30_000 { 0.0 } else { 80.0 };
+    let stops = |r: usize, t: i64| {
+        if r == 0 && t >= T0 + 30_000 {
+            0.0
+        } else {
+            80.0
+        }
+    };
     let (demand, _) = run(1_000, Delivery::default(), 60_000, stops);
     let last = demand.last().copied().unwrap_or_default();
-    assert!(last[0] < 5.0, "a's demand after its traffic stopped: {last:?}");
+    assert!(
+        last[0] < 5.0,
+        "a's demand after its traffic stopped: {last:?}"
+    );
 }
 
 /// The step-down schedule through the Leader: region a is cut off; its

@@ -25,8 +25,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::demand::{AckTracker, DemandTracker, KeyDemand, Pace};
 use super::cadence::{ReportCadence, report_interval_for};
+use super::demand::{AckTracker, DemandTracker, KeyDemand, Pace};
 use super::ledger::Ledger;
 use super::rebalance::{Round, is_noop, rebalance};
 use super::{

@@ -39,6 +39,10 @@
 //! "Bounds"). A figure above its bound in those situations may be within
 //! the design's.
 //!
+//! A period during which the rule's limit changed is stated against the
+//! widest terms in force while it was open: hits admitted under a limit
+//! lowered later in the period were within their bound when admitted.
+//!
 //! ## When a period is final
 //! Pods report a period until the next one ends. The ledger finishes a
 //! period [`final_wait_ms`] after it ended (one period, at most a minute) and
@@ -338,11 +342,16 @@ struct OpenPeriod {
     pods: BTreeMap<Arc<str>, BTreeMap<Box<str>, PodCounts>>,
     /// Reports of pods beyond the bound were refused in this period.
     refused: bool,
+    /// The terms with the widest bound in force while the period was open:
+    /// hits admitted under a limit that was lowered within the period were
+    /// within their bound when admitted.
+    terms: Terms,
 }
 
 impl OpenPeriod {
-    fn new() -> OpenPeriod {
+    fn new(terms: &Terms) -> OpenPeriod {
         OpenPeriod {
+            terms: terms.clone(),
             keys: Vec::new(),
             generations: 0,
             all_total: 0,
@@ -392,7 +401,8 @@ impl OpenPeriod {
             .map(|(i, _)| i)
     }
 
-    fn figure(&self, terms: &Terms, start_ms: Millis) -> PeriodFigure {
+    fn figure(&self, start_ms: Millis) -> PeriodFigure {
+        let terms = &self.terms;
         let busiest = self.busiest();
         let mut complete = !self.refused;
         let mut regions = Vec::new();
@@ -528,7 +538,7 @@ impl OpenPeriod {
             .sum();
         let regions =
             self.pods.len() * std::mem::size_of::<(Arc<str>, BTreeMap<Box<str>, PodCounts>)>();
-        std::mem::size_of::<OpenPeriod>() + keys + pods + regions
+        std::mem::size_of::<OpenPeriod>() + self.terms.rule.capacity() + keys + pods + regions
     }
 }
 
@@ -597,7 +607,11 @@ impl RuleLedger {
                 }
             }
         }
-        let period = self.open.entry(start).or_insert_with(OpenPeriod::new);
+        let terms = &self.terms;
+        let period = self
+            .open
+            .entry(start)
+            .or_insert_with(|| OpenPeriod::new(terms));
         if !period.admit(region, pod) {
             dropped.pods += 1;
             return;
@@ -624,7 +638,7 @@ impl RuleLedger {
         let Some(period) = self.open.remove(&start) else {
             return;
         };
-        let figure = period.figure(&self.terms, start);
+        let figure = period.figure(start);
         self.finished_through = Some(self.finished_through.map_or(start, |f| f.max(start)));
         self.finished.push_back(figure);
         while self.finished.len() > MAX_FINISHED {
@@ -662,8 +676,8 @@ impl RuleLedger {
         let p = self.period().max(1);
         let start = now.div_euclid(p) * p;
         match self.open.get(&start) {
-            Some(period) => period.figure(&self.terms, start),
-            None => OpenPeriod::new().figure(&self.terms, start),
+            Some(period) => period.figure(start),
+            None => OpenPeriod::new(&self.terms).figure(start),
         }
     }
 
@@ -672,7 +686,7 @@ impl RuleLedger {
     pub fn open(&self) -> Vec<PeriodFigure> {
         self.open
             .iter()
-            .map(|(start, period)| period.figure(&self.terms, *start))
+            .map(|(start, period)| period.figure(*start))
             .collect()
     }
 
@@ -741,6 +755,7 @@ pub fn stated_bytes_per_rule(regions: usize) -> usize {
         + POD_BYTES
         + MAX_KEYS * std::mem::size_of::<KeyCount>();
     let open = std::mem::size_of::<OpenPeriod>()
+        + KEY_BYTES
         + MAX_KEYS * (std::mem::size_of::<Tracked>() + KEY_BYTES + 16)
         + regions
             * (MAX_PODS_PER_REGION * pod
@@ -774,6 +789,11 @@ impl Ledger {
                 && t.limit == rule.terms.limit
                 && t.period_ms == rule.terms.period_ms
             {
+                for period in rule.open.values_mut() {
+                    if t.bound(0) > period.terms.bound(0) || period.terms.assumed {
+                        period.terms = t.clone();
+                    }
+                }
                 rule.terms = t.clone();
             }
         }
@@ -792,9 +812,28 @@ impl Ledger {
             self.rules.retain(|id, _| ids.contains(id.as_str()));
         }
         for r in rules {
-            let terms = match self.terms.get(&r.policy.rule) {
-                Some(t) if t.limit == r.policy.limit && t.period_ms == r.period_ms => t,
-                _ => &Terms::of_global_rule(r),
+            let explicit = self
+                .terms
+                .get(&r.policy.rule)
+                .filter(|t| t.limit == r.policy.limit && t.period_ms == r.period_ms);
+            let held = self.rules.get(&r.policy.rule).map(|l| &l.terms);
+            // The common case, every report: nothing changed.
+            match (held, explicit) {
+                (Some(h), Some(t)) if h == t => continue,
+                (Some(h), None)
+                    if h.assumed && h.limit == r.policy.limit && h.period_ms == r.period_ms =>
+                {
+                    continue;
+                }
+                _ => {}
+            }
+            let fallback;
+            let terms = match explicit {
+                Some(t) => t,
+                None => {
+                    fallback = Terms::of_global_rule(r);
+                    &fallback
+                }
             };
             match self.rules.get_mut(&r.policy.rule) {
                 None => {
@@ -805,6 +844,11 @@ impl Ledger {
                     if rule.terms.period_ms != terms.period_ms {
                         rule.open.clear();
                         rule.finished_through = None;
+                    }
+                    for period in rule.open.values_mut() {
+                        if terms.bound(0) > period.terms.bound(0) {
+                            period.terms = terms.clone();
+                        }
                     }
                     rule.terms = terms.clone();
                 }
@@ -959,6 +1003,42 @@ mod tests {
     }
 
     #[test]
+    fn the_leader_feeds_its_ledger_from_every_pod_report() {
+        use crate::allocation::leader::{Leader, LeaderConfig, PodReport};
+        use crate::allocation::{Allocations, Config};
+        let (_, rules) = sliding();
+        let mut leader = Leader::new(LeaderConfig {
+            rebalancer: Config::default(),
+            rebalance_interval_ms: 2_000,
+            round_lead_ms: 500,
+            top_up: true,
+        });
+        leader.set_rules(None, rules);
+        let state = Allocations::default();
+        let report = |region: &str, n| PodReport {
+            region: region.into(),
+            pod: format!("{region}-0"),
+            admitted: vec![
+                counted("api|sw", None, T0, n),
+                counted("api|sw", Some("acme"), T0, n),
+            ],
+            ..PodReport::default()
+        };
+        for (region, n, at) in [("east", 30, 900), ("west", 50, 1_000), ("east", 45, 2_100)] {
+            leader.ingest(&report(region, n), &state, &[], T0 + at);
+        }
+        let figure = leader
+            .ledger()
+            .rule("api|sw")
+            .expect("rule")
+            .current(T0 + 1_500);
+        assert_eq!((figure.admitted, figure.pods), (95, 2));
+        leader.ledger_mut().advance(T0 + 4_000);
+        let rule = leader.ledger().rule("api|sw").expect("rule");
+        assert_eq!(rule.finished().back().map(|f| f.admitted), Some(95));
+    }
+
+    #[test]
     fn the_busiest_key_compares_with_l_and_all_keys_are_kept_beside_it() {
         let (mut ledger, rules) = sliding();
         ledger.record(
@@ -1054,6 +1134,24 @@ descriptors:
         let ap = terms.iter().find(|t| t.rule == "api|ap").expect("ap");
         assert_eq!(ap.bound(3), 1_000 + 3 * 7);
         assert_eq!(terms.len(), 2, "only global rules: {terms:?}");
+    }
+
+    #[test]
+    fn a_period_in_which_the_limit_was_lowered_is_stated_against_the_higher() {
+        let (mut ledger, rules) = sliding();
+        let n = |k| [counted("api|sw", Some("acme"), T0, k)];
+        let raised = vec![rule("api|sw", 300, Algorithm::SlidingWindowCounter, 2_000)];
+        ledger.record("east", "e-0", &n(10), &rules, T0 + 100);
+        // Raised to 300 mid-period, 250 admitted, then back to 100.
+        ledger.record("east", "e-0", &n(250), &raised, T0 + 900);
+        ledger.record("east", "e-0", &n(250), &rules, T0 + 2_100);
+        ledger.advance(T0 + 4_000);
+        let rule = ledger.rule("api|sw").expect("rule");
+        let f = rule.finished().back().expect("finished");
+        assert_eq!((f.admitted, f.limit, f.bound), (250, 300, 300));
+        assert!(!f.over_bound());
+        // The next period is stated against the limit then in force.
+        assert_eq!(rule.current(T0 + 4_000).limit, 100);
     }
 
     #[test]

@@ -67,7 +67,13 @@ pub const DEFAULT_FALLBACK_HOLD_MS: i64 = 60_000;
 /// `fallback` for `hold_ms`, then nothing. The limiter's table and the
 /// centre's reserve ([`rebalance`], with the skew margin added) both read
 /// this one schedule.
-pub fn lapsed_value(value: u64, fallback: u64, valid_until_ms: Millis, hold_ms: i64, now_ms: Millis) -> u64 {
+pub fn lapsed_value(
+    value: u64,
+    fallback: u64,
+    valid_until_ms: Millis,
+    hold_ms: i64,
+    now_ms: Millis,
+) -> u64 {
     if now_ms <= valid_until_ms {
         value
     } else if now_ms <= valid_until_ms.saturating_add(hold_ms.max(0)) {

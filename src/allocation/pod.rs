@@ -21,6 +21,8 @@
 
 use std::collections::HashMap;
 
+use foldhash::fast::RandomState;
+
 use super::demand::{KeyDemand, MAX_REPORT_TOP_UPS, REPORT_TOP_KEYS, bound_report};
 use super::leader::{PeriodAdmitted, PodReport, RuleDemand, RuleUse, TopUp};
 use super::{Epoch, Millis, WindowUse};
@@ -49,6 +51,11 @@ pub const ADMITTED_TOP_KEYS: usize = 16;
 /// so they hold their place; a flood of random keys cannot grow memory
 /// (~6 MB at 512-byte keys).
 pub const MAX_PERIOD_KEYS: usize = 10_000;
+
+/// Maps keyed by rule ids and clients' keys, touched on every decision:
+/// foldhash (seeded per process, as the over-limit cache and the memory
+/// store use for the same keys), not SipHash.
+type Map<K, V> = HashMap<K, V, RandomState>;
 
 /// A decided check of one global limit, as the pod counts it.
 #[derive(Debug, Clone, Copy)]
@@ -105,13 +112,33 @@ pub struct Holding {
     pub counted: Vec<CountedRule>,
 }
 
-/// One rule's hits since the last demand report.
+/// What the pod holds of one rule: one map lookup per decision reaches all
+/// of it.
 #[derive(Debug, Default)]
-struct RuleHits {
-    /// key → (asked, allowed).
-    keys: HashMap<String, (u64, u64)>,
-    /// Keys beyond [`MAX_TRACKED_KEYS`], summed.
+struct RuleAccount {
+    /// Key → (asked, allowed) since the last demand report.
+    keys: Map<String, (u64, u64)>,
+    /// Keys beyond [`MAX_TRACKED_KEYS`], summed, since the last demand report.
     rest: (u64, u64),
+    /// Counted rules: (window start, the most any key was admitted in it),
+    /// as this pod's checks saw the count.
+    seen: Option<(Millis, u64)>,
+    /// Counted rules: the window before `seen`'s and its final count, so the
+    /// first report after a window ends still carries what it reached.
+    ended: Option<(Millis, u64)>,
+    /// Windowed rules: (window start, window end, the most any key had used
+    /// of its limit in it): for the limiter's gauge, never reported.
+    peak: Option<(Millis, Millis, u64)>,
+    /// Admitted per clock-aligned period.
+    periods: Option<RulePeriods>,
+}
+
+impl RuleAccount {
+    /// Whether a decision was counted since the last demand report (every
+    /// decision counted asks at least one hit).
+    fn has_demand(&self) -> bool {
+        !self.keys.is_empty() || self.rest.0 > 0
+    }
 }
 
 /// Admitted hits in one clock-aligned period of a rule.
@@ -121,7 +148,7 @@ struct PeriodCount {
     /// The whole rule.
     total: u64,
     /// Per key, as many as [`MAX_PERIOD_KEYS`] lets in.
-    keys: HashMap<String, u64>,
+    keys: Map<String, u64>,
 }
 
 impl PeriodCount {
@@ -129,7 +156,7 @@ impl PeriodCount {
         PeriodCount {
             start_ms,
             total: 0,
-            keys: HashMap::new(),
+            keys: Map::default(),
         }
     }
 }
@@ -151,10 +178,15 @@ pub struct PodAccount {
     pod: String,
     /// Keys per rule a demand report lists; the rest is its remainder.
     top_keys: usize,
-    /// Rule → hits since the last demand report.
-    hits: HashMap<String, RuleHits>,
-    /// Keys in `hits`, over every rule: at most [`MAX_TRACKED_KEYS`].
+    /// Rule → what the pod holds of it. One entry per global rule the pod
+    /// counted (the operator's rules, never a client's keys).
+    rules: Map<String, RuleAccount>,
+    /// Keys with demand since the last demand report, over every rule: at
+    /// most [`MAX_TRACKED_KEYS`].
     tracked: usize,
+    /// Keys with an admitted count, over every rule and period: at most
+    /// [`MAX_PERIOD_KEYS`].
+    period_keys: usize,
     /// When the span the next demand report covers began: the last demand
     /// report, or the first hit counted after none.
     since: Option<Millis>,
@@ -162,21 +194,7 @@ pub struct PodAccount {
     top_ups: Vec<TopUp>,
     /// Each (rule, key)'s last top-up request, so a key asks at most every
     /// [`TOP_UP_EVERY_MS`]; pruned when it grows large.
-    last_top_up: HashMap<(String, String), Millis>,
-    /// Counted rule → (window start, the most any key was admitted in it),
-    /// as this pod's checks saw the count.
-    seen: HashMap<String, (Millis, u64)>,
-    /// Counted rule → the window before `seen`'s and its final count, so
-    /// the first report after a window ends still carries what it reached.
-    ended: HashMap<String, (Millis, u64)>,
-    /// Windowed rule → (window start, window end, the most any key had used
-    /// of its limit in it): for the limiter's gauge, never reported.
-    peak: HashMap<String, (Millis, Millis, u64)>,
-    /// Rule → admitted per period.
-    admitted: HashMap<String, RulePeriods>,
-    /// Keys in `admitted`, over every rule and period: at most
-    /// [`MAX_PERIOD_KEYS`].
-    period_keys: usize,
+    last_top_up: Map<(String, String), Millis>,
 }
 
 impl PodAccount {
@@ -186,16 +204,12 @@ impl PodAccount {
             region: region.to_string(),
             pod: pod.to_string(),
             top_keys: REPORT_TOP_KEYS,
-            hits: HashMap::new(),
+            rules: Map::default(),
             tracked: 0,
+            period_keys: 0,
             since: None,
             top_ups: Vec::new(),
-            last_top_up: HashMap::new(),
-            seen: HashMap::new(),
-            ended: HashMap::new(),
-            peak: HashMap::new(),
-            admitted: HashMap::new(),
-            period_keys: 0,
+            last_top_up: Map::default(),
         }
     }
 
@@ -213,127 +227,36 @@ impl PodAccount {
             return false;
         }
         self.since.get_or_insert(now);
-        let asked = self.count_demand(d);
+        // Looked up by reference: a known rule or key costs no allocation.
+        if !self.rules.contains_key(d.rule) {
+            self.rules.insert(d.rule.to_owned(), RuleAccount::default());
+        }
+        let Some(rule) = self.rules.get_mut(d.rule) else {
+            return false;
+        };
+        let asked = count_demand(rule, &mut self.tracked, d);
         let used = d.limit.saturating_sub(d.remaining);
         let period = (d.period_ms as Millis).max(1);
         // For fixed windows the reset time says which window decided it
         // (an answer can arrive after the boundary); otherwise the clock.
+        let now_start = now.div_euclid(period) * period;
         let start = if d.fixed_window && d.window_use {
             decided_window(now, d.reset_after_us, period)
         } else {
-            now.div_euclid(period) * period
+            now_start
         };
-        self.count_admitted(d, period, start);
+        count_admitted(rule, &mut self.period_keys, d, period, start);
         if d.allowed && d.window_use && d.counted {
-            self.count_window(d.rule, start, used);
+            count_window(rule, start, used);
         }
         if d.allowed && d.window_use && d.windowed {
-            let start = now.div_euclid(period) * period;
-            match self.peak.get_mut(d.rule) {
-                Some(peak) if peak.0 == start => peak.2 = peak.2.max(used),
-                Some(peak) if peak.0 < start => *peak = (start, start + period, used),
-                Some(_) => {}
-                None => {
-                    self.peak
-                        .insert(d.rule.to_owned(), (start, start + period, used));
-                }
+            match rule.peak.as_mut() {
+                Some(peak) if peak.0 == now_start => peak.2 = peak.2.max(used),
+                Some(peak) if peak.0 > now_start => {}
+                _ => rule.peak = Some((now_start, now_start + period, used)),
             }
         }
         TopUp::wanted(used, d.limit) && self.ask_top_up(d, asked, now)
-    }
-
-    /// Adds the decision to its rule's demand; the (asked, allowed) of the
-    /// key's entry (or of the rule's remainder) after it.
-    fn count_demand(&mut self, d: &Decided<'_>) -> (u64, u64) {
-        // Looked up by reference: a known rule or key costs no allocation.
-        if !self.hits.contains_key(d.rule) {
-            self.hits.insert(d.rule.to_owned(), RuleHits::default());
-        }
-        let Some(rule_hits) = self.hits.get_mut(d.rule) else {
-            return (0, 0);
-        };
-        if self.tracked < MAX_TRACKED_KEYS && !rule_hits.keys.contains_key(d.key) {
-            rule_hits.keys.insert(d.key.to_string(), (0, 0));
-            self.tracked += 1;
-        }
-        let hits = match rule_hits.keys.get_mut(d.key) {
-            Some(h) => h,
-            None => &mut rule_hits.rest,
-        };
-        hits.0 += d.cost;
-        if d.allowed {
-            hits.1 += d.cost;
-        }
-        *hits
-    }
-
-    /// Adds an admitted decision to the period starting at `start`: a newer
-    /// period pushes the current one to `ended` (and the one before out); a
-    /// decision of a period older than both is not counted (its reports
-    /// have gone).
-    fn count_admitted(&mut self, d: &Decided<'_>, period: Millis, start: Millis) {
-        if !self.admitted.contains_key(d.rule) {
-            self.admitted.insert(
-                d.rule.to_owned(),
-                RulePeriods {
-                    period_ms: period,
-                    current: PeriodCount::new(start),
-                    ended: None,
-                },
-            );
-        }
-        let Some(periods) = self.admitted.get_mut(d.rule) else {
-            return;
-        };
-        periods.period_ms = period;
-        if start > periods.current.start_ms {
-            let ended = std::mem::replace(&mut periods.current, PeriodCount::new(start));
-            if let Some(dropped) = periods.ended.replace(ended) {
-                self.period_keys -= dropped.keys.len();
-            }
-        }
-        let count = if start == periods.current.start_ms {
-            &mut periods.current
-        } else {
-            match periods.ended.as_mut() {
-                Some(ended) if ended.start_ms == start => ended,
-                _ => return,
-            }
-        };
-        if !d.allowed {
-            return;
-        }
-        count.total += d.cost;
-        if let Some(n) = count.keys.get_mut(d.key) {
-            *n += d.cost;
-        } else if self.period_keys < MAX_PERIOD_KEYS {
-            count.keys.insert(d.key.to_string(), d.cost);
-            self.period_keys += 1;
-        }
-    }
-
-    /// Notes that a key of counted `rule` had been admitted `used` times in
-    /// the window starting at `start`.
-    fn count_window(&mut self, rule: &str, start: Millis, used: u64) {
-        match self.seen.get_mut(rule) {
-            Some(seen) if seen.0 == start => seen.1 = seen.1.max(used),
-            Some(seen) if seen.0 < start => {
-                let ended = std::mem::replace(seen, (start, used));
-                self.ended.insert(rule.to_owned(), ended);
-            }
-            // Answered after a newer window's first: the window before is
-            // still the last ended one, so it is not lost.
-            Some(_) => {
-                if let Some(ended) = self.ended.get_mut(rule)
-                    && ended.0 == start
-                {
-                    ended.1 = ended.1.max(used);
-                }
-            }
-            None => {
-                self.seen.insert(rule.to_owned(), (start, used));
-            }
-        }
     }
 
     /// Queues a top-up for the decision's key unless it asked within
@@ -401,10 +324,13 @@ impl PodAccount {
             .replace(now)
             .map_or(0, |t| (now - t).max(1) as u64);
         self.tracked = 0;
-        for (rule, rule_hits) in std::mem::take(&mut self.hits) {
-            let keys = rule_hits
+        for (id, rule) in &mut self.rules {
+            if !rule.has_demand() {
+                continue;
+            }
+            let keys = rule
                 .keys
-                .into_iter()
+                .drain()
                 .map(|(key, (asked, allowed))| KeyDemand {
                     key,
                     asked,
@@ -412,11 +338,12 @@ impl PodAccount {
                 })
                 .collect();
             let (keys, rest_asked, rest_allowed) = bound_report(keys, self.top_keys);
+            let rest = std::mem::take(&mut rule.rest);
             report.rules.push(RuleDemand {
-                rule,
+                rule: id.clone(),
                 keys,
-                remainder_asked: rest_asked + rule_hits.rest.0,
-                remainder_allowed: rest_allowed + rule_hits.rest.1,
+                remainder_asked: rest_asked + rest.0,
+                remainder_allowed: rest_allowed + rest.1,
             });
         }
         report.rules.sort_by(|a, b| a.rule.cmp(&b.rule));
@@ -431,13 +358,12 @@ impl PodAccount {
         for c in counted {
             let p = (c.period_ms as Millis).max(1);
             let start = now.div_euclid(p) * p;
-            let seen = self.seen.get(&c.rule);
-            let last = match seen {
-                Some((s, n)) if *s == start - p => Some(*n),
-                _ => match self.ended.get(&c.rule) {
-                    Some((s, n)) if *s == start - p => Some(*n),
-                    _ => None,
-                },
+            let rule = self.rules.get(&c.rule);
+            let seen = rule.and_then(|r| r.seen);
+            let last = match (seen, rule.and_then(|r| r.ended)) {
+                (Some((s, n)), _) if s == start - p => Some(n),
+                (_, Some((s, n))) if s == start - p => Some(n),
+                _ => None,
             };
             // The ended window first: it is older than the current one, so
             // the centre's in-window view keeps the current one.
@@ -449,7 +375,7 @@ impl PodAccount {
                 });
             }
             let count = match seen {
-                Some((s, n)) if *s == start => *n,
+                Some((s, n)) if s == start => n,
                 _ => 0,
             };
             used.push(RuleUse {
@@ -469,20 +395,23 @@ impl PodAccount {
     /// keys. Periods older than that are dropped here.
     fn admitted(&mut self, now: Millis) -> Vec<PeriodAdmitted> {
         let mut out = Vec::new();
-        let mut freed = 0;
-        self.admitted.retain(|rule, periods| {
+        for (id, rule) in &mut self.rules {
+            let Some(periods) = rule.periods.as_mut() else {
+                continue;
+            };
             let p = periods.period_ms;
             let oldest = now.div_euclid(p) * p - p;
             if periods.ended.as_ref().is_some_and(|e| e.start_ms < oldest) {
-                freed += periods.ended.take().map_or(0, |e| e.keys.len());
+                self.period_keys -= periods.ended.take().map_or(0, |e| e.keys.len());
             }
             if periods.current.start_ms < oldest {
-                freed += periods.current.keys.len();
-                return false;
+                self.period_keys -= periods.current.keys.len();
+                rule.periods = None;
+                continue;
             }
             for count in periods.ended.iter().chain([&periods.current]) {
                 out.push(PeriodAdmitted {
-                    rule: rule.clone(),
+                    rule: id.clone(),
                     key: None,
                     period_start_ms: count.start_ms,
                     admitted: count.total,
@@ -490,25 +419,24 @@ impl PodAccount {
                 let mut keys: Vec<(&String, u64)> =
                     count.keys.iter().map(|(k, n)| (k, *n)).collect();
                 keys.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-                out.extend(
-                    keys.into_iter()
-                        .take(ADMITTED_TOP_KEYS)
-                        .map(|(key, n)| PeriodAdmitted {
-                            rule: rule.clone(),
-                            key: Some(key.clone()),
-                            period_start_ms: count.start_ms,
-                            admitted: n,
-                        }),
-                );
+                out.extend(keys.into_iter().take(ADMITTED_TOP_KEYS).map(|(key, n)| {
+                    PeriodAdmitted {
+                        rule: id.clone(),
+                        key: Some(key.clone()),
+                        period_start_ms: count.start_ms,
+                        admitted: n,
+                    }
+                }));
             }
-            true
-        });
-        self.period_keys -= freed;
+        }
         // Grouped by rule and period, the whole rule first: the same input
         // gives the same report.
         out.sort_by(|a, b| {
-            (a.rule.as_str(), a.period_start_ms, a.key.is_some())
-                .cmp(&(b.rule.as_str(), b.period_start_ms, b.key.is_some()))
+            (a.rule.as_str(), a.period_start_ms, a.key.is_some()).cmp(&(
+                b.rule.as_str(),
+                b.period_start_ms,
+                b.key.is_some(),
+            ))
         });
         out
     }
@@ -517,9 +445,90 @@ impl PodAccount {
     /// limit in that window, as this pod's checks saw it (the limiter's
     /// `meridian_allocation_window_admitted_max`).
     pub fn window_peaks(&self) -> impl Iterator<Item = (&str, Millis, u64)> {
-        self.peak
+        self.rules
             .iter()
-            .map(|(rule, (_, end, used))| (rule.as_str(), *end, *used))
+            .filter_map(|(id, r)| r.peak.map(|(_, end, used)| (id.as_str(), end, used)))
+    }
+}
+
+/// Adds the decision to its rule's demand; the (asked, allowed) of the
+/// key's entry (or of the rule's remainder) after it. `tracked` counts keys
+/// over every rule.
+fn count_demand(rule: &mut RuleAccount, tracked: &mut usize, d: &Decided<'_>) -> (u64, u64) {
+    if *tracked < MAX_TRACKED_KEYS && !rule.keys.contains_key(d.key) {
+        rule.keys.insert(d.key.to_string(), (0, 0));
+        *tracked += 1;
+    }
+    let hits = match rule.keys.get_mut(d.key) {
+        Some(h) => h,
+        None => &mut rule.rest,
+    };
+    hits.0 += d.cost;
+    if d.allowed {
+        hits.1 += d.cost;
+    }
+    *hits
+}
+
+/// Adds a decision to the period starting at `start`: a newer period
+/// pushes the current one to `ended` (and the one before out); a decision
+/// of a period older than both is not counted (its reports have gone).
+/// `period_keys` counts keys over every rule and period.
+fn count_admitted(
+    rule: &mut RuleAccount,
+    period_keys: &mut usize,
+    d: &Decided<'_>,
+    period: Millis,
+    start: Millis,
+) {
+    let periods = rule.periods.get_or_insert_with(|| RulePeriods {
+        period_ms: period,
+        current: PeriodCount::new(start),
+        ended: None,
+    });
+    periods.period_ms = period;
+    if start > periods.current.start_ms {
+        let ended = std::mem::replace(&mut periods.current, PeriodCount::new(start));
+        if let Some(dropped) = periods.ended.replace(ended) {
+            *period_keys -= dropped.keys.len();
+        }
+    }
+    let count = if start == periods.current.start_ms {
+        &mut periods.current
+    } else {
+        match periods.ended.as_mut() {
+            Some(ended) if ended.start_ms == start => ended,
+            _ => return,
+        }
+    };
+    if !d.allowed {
+        return;
+    }
+    count.total += d.cost;
+    if let Some(n) = count.keys.get_mut(d.key) {
+        *n += d.cost;
+    } else if *period_keys < MAX_PERIOD_KEYS {
+        count.keys.insert(d.key.to_string(), d.cost);
+        *period_keys += 1;
+    }
+}
+
+/// Notes that a key of a counted rule had been admitted `used` times in the
+/// window starting at `start`.
+fn count_window(rule: &mut RuleAccount, start: Millis, used: u64) {
+    match rule.seen.as_mut() {
+        Some(seen) if seen.0 == start => seen.1 = seen.1.max(used),
+        Some(seen) if seen.0 < start => rule.ended = Some(std::mem::replace(seen, (start, used))),
+        // Answered after a newer window's first: the window before is
+        // still the last ended one, so it is not lost.
+        Some(_) => {
+            if let Some(ended) = rule.ended.as_mut()
+                && ended.0 == start
+            {
+                ended.1 = ended.1.max(used);
+            }
+        }
+        None => rule.seen = Some((start, used)),
     }
 }
 
@@ -589,7 +598,7 @@ mod tests {
         for i in 0..n {
             account.record(&hit(&format!("k{i}"), i % 2 == 0, 9, T0), T0);
         }
-        assert_eq!(account.hits[RULE].keys.len(), MAX_TRACKED_KEYS);
+        assert_eq!(account.rules[RULE].keys.len(), MAX_TRACKED_KEYS);
         assert_eq!(account.tracked, MAX_TRACKED_KEYS);
         assert!(account.period_keys <= MAX_PERIOD_KEYS);
         let report = account.report(&holding(10), true, T0 + 1_000);
@@ -687,7 +696,11 @@ mod tests {
         let report = account.report(&holding(10), true, T0 + 2 * minute + 1);
         assert_eq!(
             admitted(&report),
-            vec![(minute, None, 2), (minute, Some("a"), 1), (minute, Some("b"), 1)]
+            vec![
+                (minute, None, 2),
+                (minute, Some("a"), 1),
+                (minute, Some("b"), 1)
+            ]
         );
         let report = account.report(&holding(10), true, T0 + 3 * minute);
         assert!(report.admitted.is_empty());

@@ -350,13 +350,8 @@ impl Table {
             for (id, view) in self.rules.iter_mut() {
                 let hold = self.holds.get(id).copied();
                 let hold = hold.unwrap_or(super::DEFAULT_FALLBACK_HOLD_MS);
-                let cap = super::lapsed_value(
-                    u64::MAX,
-                    view.fallback,
-                    self.valid_until_ms,
-                    hold,
-                    now_ms,
-                );
+                let cap =
+                    super::lapsed_value(u64::MAX, view.fallback, self.valid_until_ms, hold, now_ms);
                 let window = window_ms(id);
                 for value in std::iter::once(&mut view.split).chain(view.keys.values_mut()) {
                     value.resume_after_lapse(cap, now_ms, window);

@@ -8,6 +8,13 @@
 //! values for the same epoch; hits are counted only where reports arrive (the
 //! leader), so elsewhere they are `None`.
 //!
+//! Admitted per period here ([`Series::use_per_period`]) is over the rolling
+//! period before each sample, all keys together: what a region used of its
+//! grant. The world-wide figure per clock-aligned period, against `L` and
+//! the stated bound for every algorithm, is the leader's world ledger
+//! (`allocation::ledger`), which `GET /api/v1/history` serves beside these
+//! samples (`world_periods`).
+//!
 //! Bounds: `capacity` samples per series (oldest dropped first), one series
 //! per global rule (operators set those) and per key entry, at most
 //! [`MAX_KEY_SERIES`] per rule. A sample holds one [`Point`] per region:

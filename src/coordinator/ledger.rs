@@ -148,8 +148,8 @@ pub fn figure_json(f: &PeriodFigure) -> Value {
 pub const TOP_KEYS: usize = 10;
 
 /// One rule's ledger as JSON: its terms, the current period (with its
-/// busiest keys), the newest `periods` finished ones and the worst of the
-/// last hour.
+/// busiest keys), those that ended but are not final yet, the newest
+/// `periods` finished ones and the worst of the last hour.
 pub fn rule_json(rule: &RuleLedger, now: Millis, periods: usize) -> Value {
     let terms = rule.terms();
     let finished = rule.finished();
@@ -163,13 +163,22 @@ pub fn rule_json(rule: &RuleLedger, now: Millis, periods: usize) -> Value {
         .iter()
         .map(|(k, n)| json!({ "key": &**k, "admitted": n }))
         .collect();
+    let current = rule.current(now);
+    // Ended, but not final yet (pods may still report them).
+    let ending: Vec<Value> = rule
+        .open()
+        .iter()
+        .filter(|f| f.start_ms < current.start_ms)
+        .map(figure_json)
+        .collect();
     json!({
         "limit": terms.limit,
         "period_ms": terms.period_ms,
         "algorithm": terms.algorithm.name(),
         "accuracy": if terms.per_pod_slack.is_some() { "approximate" } else { "exact" },
         "bound_is": terms.bound_is(),
-        "current": figure_json(&rule.current(now)),
+        "current": figure_json(&current),
+        "ending": ending,
         "current_top_keys": top,
         "periods": recent,
         "worst_last_hour": rule.worst_within(now, HOUR_MS).map(figure_json),
@@ -177,8 +186,8 @@ pub fn rule_json(rule: &RuleLedger, now: Millis, periods: usize) -> Value {
     })
 }
 
-/// The finished periods of `rules` that start at or after each one's
-/// `from`, for drills.
+/// The finished periods of `rules` that end after each one's `from` (a
+/// drill's start: the period it started in is its first), for drills.
 pub fn drill_figures(ledger: &Ledger, rules: &BTreeMap<String, Millis>) -> LedgerFigures {
     rules
         .iter()
@@ -187,7 +196,7 @@ pub fn drill_figures(ledger: &Ledger, rules: &BTreeMap<String, Millis>) -> Ledge
             let periods = rule
                 .finished()
                 .iter()
-                .filter(|f| f.start_ms >= *from)
+                .filter(|f| f.end_ms() > *from)
                 .map(|f| {
                     (
                         f.start_ms,
@@ -211,4 +220,75 @@ pub fn drill_figures(ledger: &Ledger, rules: &BTreeMap<String, Millis>) -> Ledge
             ))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+    use crate::allocation::leader::{GlobalRule, PeriodAdmitted};
+    use crate::rules::{Accuracy, Partition};
+
+    const T0: Millis = 1_700_000_040_000;
+
+    /// A sliding counter of 100 per 2 s with periods at T0 and T0 + 2 s
+    /// finished.
+    fn ledger() -> Ledger {
+        let rules = vec![GlobalRule::new(
+            "api|sw",
+            100,
+            Algorithm::SlidingWindowCounter,
+            Accuracy::Exact,
+            2_000,
+            Partition::Strict,
+            0.5,
+        )];
+        let mut ledger = Ledger::default();
+        for (start, n) in [(T0, 70), (T0 + 2_000, 90)] {
+            ledger.record(
+                "east",
+                "e-0",
+                &[PeriodAdmitted {
+                    rule: "api|sw".into(),
+                    key: Some("acme".into()),
+                    period_start_ms: start,
+                    admitted: n,
+                }],
+                &rules,
+                start + 2_100,
+            );
+        }
+        ledger.advance(T0 + 10_000);
+        ledger
+    }
+
+    #[test]
+    fn a_drill_gets_the_period_it_started_in_and_every_later_one() {
+        let ledger = ledger();
+        // Started mid-period at T0 + 1.5 s: that period is its first.
+        let from = BTreeMap::from([("api|sw".to_string(), T0 + 1_500)]);
+        let figures = drill_figures(&ledger, &from);
+        let rule = &figures["api|sw"];
+        assert_eq!(rule.period_ms, 2_000);
+        let starts: Vec<Millis> = rule.periods.keys().copied().collect();
+        assert_eq!(starts, [T0, T0 + 2_000]);
+        assert_eq!(rule.periods[&T0].admitted["east"], 70);
+        let later = BTreeMap::from([("api|sw".to_string(), T0 + 2_000)]);
+        let figures = drill_figures(&ledger, &later);
+        assert_eq!(figures["api|sw"].periods.len(), 1);
+    }
+
+    #[test]
+    fn the_json_states_the_bound_the_worst_period_and_how_many_periods() {
+        let ledger = ledger();
+        let rule = ledger.rule("api|sw").expect("rule");
+        let json = rule_json(rule, T0 + 10_000, 1);
+        assert_eq!(json["limit"], 100);
+        assert_eq!(json["algorithm"], "sliding_window_counter");
+        assert_eq!(json["periods"].as_array().map(Vec::len), Some(1));
+        assert_eq!(json["periods"][0]["admitted"], 90);
+        assert_eq!(json["worst_last_hour"]["start_unix_ms"], T0 + 2_000);
+        assert_eq!(json["periods_over_bound_last_hour"], 0);
+        assert_eq!(json["current"]["admitted"], 0);
+    }
 }

@@ -126,8 +126,13 @@ pub struct CoordinatorArgs {
     /// or a rollback to a version below it is refused (422), catching a limit
     /// that would throttle all traffic at once. A token_bucket or leaky_bucket
     /// must also admit the floor's per-second share at once: burst × 60 ≥ the
-    /// floor (floor 600 → burst ≥ 10). 0 turns the check off.
-    #[arg(long, default_value_t = 0.0)]
+    /// floor (floor 600 → burst ≥ 10). While it is on, a limit of 0 on any
+    /// rule, and a rule counting each value apart that allows each less than
+    /// one a day, are refused too. A rule confirmed with `confirm_ban: true`
+    /// passes all of these. On by default at one a second: a ban or a typo'd
+    /// unit then needs that confirmation on every cluster. 0 turns the
+    /// checks off.
+    #[arg(long, default_value_t = validation::DEFAULT_SHARED_FLOOR_PER_MINUTE)]
     pub shared_rule_floor: f64,
 
     /// How often the leader re-divides global limits from reported demand

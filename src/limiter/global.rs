@@ -219,7 +219,10 @@ impl Global {
         if ms == 0 {
             return;
         }
-        let before = self.report_interval.coordinator_ms.swap(ms, Ordering::Relaxed);
+        let before = self
+            .report_interval
+            .coordinator_ms
+            .swap(ms, Ordering::Relaxed);
         if before == ms {
             return;
         }
@@ -454,8 +457,7 @@ impl Global {
         }
         drop(account);
         if self.coordinated {
-            gauge!("meridian_report_interval_seconds")
-                .set(self.report_interval().0.as_secs_f64());
+            gauge!("meridian_report_interval_seconds").set(self.report_interval().0.as_secs_f64());
         }
     }
 
@@ -611,9 +613,7 @@ impl ReportInterval {
             ms => (ms, IntervalSource::Coordinator),
         };
         match self.flag_ms {
-            flag if flag > 0 && flag < given => {
-                (Duration::from_millis(flag), IntervalSource::Flag)
-            }
+            flag if flag > 0 && flag < given => (Duration::from_millis(flag), IntervalSource::Flag),
             _ => (Duration::from_millis(given), source),
         }
     }
@@ -954,7 +954,8 @@ mod tests {
         follow.set_coordinator_report_interval(0);
         assert_eq!(follow.report_interval().0, Duration::from_secs(1));
 
-        let flagged = Global::new("r", "pod", true).with_report_interval(Some(Duration::from_secs(5)));
+        let flagged =
+            Global::new("r", "pod", true).with_report_interval(Some(Duration::from_secs(5)));
         assert_eq!(
             flagged.report_interval(),
             (Duration::from_secs(5), IntervalSource::Flag)

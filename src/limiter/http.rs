@@ -249,19 +249,17 @@ async fn metrics(State(state): State<HttpState>) -> String {
 /// Ready when the store answers.
 async fn ready(State(state): State<HttpState>) -> Response {
     // Informational: a limiter on the wrong interval still serves checks.
-    let reporting = state
-        .limiter
-        .global
-        .reports()
-        .then(|| {
-            let (interval, source) = state.limiter.global.report_interval();
-            format!(
-                "report interval: {} ({})\n",
-                flag_text(interval),
-                source.as_str()
-            )
-        })
-        .unwrap_or_default();
+    let global = &state.limiter.global;
+    let reporting = if global.reports() {
+        let (interval, source) = global.report_interval();
+        format!(
+            "report interval: {} ({})\n",
+            flag_text(interval),
+            source.as_str()
+        )
+    } else {
+        String::new()
+    };
     match state.limiter.engine.store().ping().await {
         Ok(()) => (StatusCode::OK, format!("ready\n{reporting}")).into_response(),
         Err(e) => (
@@ -275,7 +273,7 @@ async fn ready(State(state): State<HttpState>) -> Response {
 /// `1s`, `500ms`, `1.5s`: as the flags are written.
 fn flag_text(d: std::time::Duration) -> String {
     let ms = d.as_millis();
-    if ms % 1_000 == 0 {
+    if ms.is_multiple_of(1_000) {
         format!("{}s", ms / 1_000)
     } else if ms < 1_000 {
         format!("{ms}ms")

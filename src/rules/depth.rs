@@ -1,10 +1,12 @@
 //! A cheap pre-scan that bounds a YAML document's nesting depth before any
 //! parser sees it.
 //!
-//! Why: marked-yaml builds and drops its node tree recursively, so a 100 KB
-//! file of `- - - …` overflows the stack and aborts the process (the
-//! coordinator on an admin PUT, a limiter following a file, `rules check`).
-//! yaml-rust2 caps flow nesting at 255 but not block nesting. Every path that
+//! Why: yaml-rust2's `Parser::load`, which marked-yaml drives, recurses once
+//! per mapping or sequence start event (whatever tags or anchors the node
+//! carries, and even after marked-yaml has given up on the document), and
+//! marked-yaml drops its node tree recursively, so a 100 KB file of
+//! `- - - …` overflows the stack and aborts the process (the coordinator on
+//! an admin PUT, a limiter following a file, `rules check`). Every path that
 //! reads untrusted rule YAML goes through [`check_depth`] (via
 //! `RuleSet::parse`), so no parser runs on a document deeper than
 //! [`MAX_DEPTH`].
@@ -14,11 +16,28 @@
 //! - block collections: a stack of open `(column, list|map)`; a line closes
 //!   every entry indented deeper than itself; `- `, `? ` and `: ` items and
 //!   `key:` open one level each, so `- - - x` on one line counts 3;
+//! - a key's map opens at the key node's first token, as the parser's simple
+//!   key does: its tag or anchor (`!t &a key:`), an alias used as the key
+//!   (`*a :`), or the `[` / `{` of a flow collection used as the key
+//!   (`[a]: v`), which itself sits one level inside that map. Counting the
+//!   map at the key text's own column instead let each line of
+//!   `!a k:` indented two deeper than the last close the one before, so
+//!   10,000 levels passed as one (issue 28);
 //! - flow collections: each `[` / `{` opens a level, and an implicit
 //!   `key: value` pair inside `[…]` counts one more (the parser builds a
-//!   one-pair map there);
+//!   one-pair map there), and so does each `:` that starts such a pair's
+//!   value (`[a: : b`, a map inside the pair's map);
 //! - quoted scalars (also across lines), comments and block scalars (`|`,
-//!   `>`) are skipped, so brackets and dashes inside text do not count.
+//!   `>`) are skipped, so brackets and dashes inside text do not count;
+//! - `---` and `...` are document markers at column 0 only (`  --- k:` is a
+//!   key, and once ended a document's count at any indentation).
+//!
+//! Checked against yaml-rust2's own event stream (a throwaway harness, not
+//! in the build: it needs yaml-rust2 as a direct dependency): 300,000
+//! mutated documents with tags, anchors, aliases, flow keys and markers
+//! inserted, and 200,000 random line templates repeated 100 levels deep.
+//! Only documents the parser rejects are ever counted short, by one level
+//! at most, which never compounds with depth.
 //!
 //! Plain text continued over lines that each indent further is counted as
 //! nesting; the error says so and how to avoid it.
@@ -65,12 +84,19 @@ enum Kind {
     Map,
 }
 
-/// One open flow collection: `[` or `{`, and whether an implicit `key:` pair
-/// inside a `[` is open (it closes at the next `,` or `]`).
+/// One open flow collection: `[` or `{`, and how many implicit `key:` pairs
+/// are open inside a `[` (they close at the next `,` or `]`).
 #[derive(Debug, Clone, Copy)]
 struct Flow {
     list: bool,
-    pair: bool,
+    pairs: usize,
+    /// The depth outside this collection, and the deepest reached inside it.
+    base: usize,
+    peak: usize,
+    /// Most levels of a collection closed inside this one since its last `,`
+    /// (0: none). If a `:` follows, that collection was a key: in a `[` the
+    /// implicit pair then holds it, one level deeper than counted.
+    key: usize,
 }
 
 /// What the scanner is inside of when a line ends.
@@ -100,6 +126,11 @@ struct Scan {
     /// Whether a scalar may start where the last flow line ended: a line
     /// break inside flow plain text (`[a⏎"b`) is a space, not a new token.
     flow_scalar_start: bool,
+    /// Where the outermost open flow collection was entered from block
+    /// context: the column of its node's first token (its `[` / `{`, or a
+    /// tag or anchor before it), where a map opens if it turns out to be a
+    /// key.
+    flow_column: usize,
     limit: usize,
     line: usize,
     found: Option<TooDeep>,
@@ -113,6 +144,7 @@ pub fn check_depth(text: &str, limit: usize) -> Result<(), TooDeep> {
         flow: Vec::new(),
         carry: Carry::Structure,
         flow_scalar_start: true,
+        flow_column: 0,
         limit,
         line: 0,
         found: None,
@@ -166,16 +198,17 @@ fn skip_spaces(line: &[u8], mut at: usize) -> usize {
 
 impl Scan {
     fn depth(&self) -> usize {
-        self.block.len()
-            + self
-                .flow
-                .iter()
-                .map(|f| 1 + usize::from(f.pair))
-                .sum::<usize>()
+        self.block.len() + self.flow.iter().map(|f| 1 + f.pairs).sum::<usize>()
     }
 
     fn note_depth(&mut self) {
-        let depth = self.depth();
+        self.note(self.depth());
+    }
+
+    fn note(&mut self, depth: usize) {
+        if let Some(f) = self.flow.last_mut() {
+            f.peak = f.peak.max(depth);
+        }
         if depth > self.limit && self.found.is_none() {
             self.found = Some(TooDeep {
                 line: self.line,
@@ -242,7 +275,7 @@ impl Scan {
                     self.carry = Carry::Structure;
                     return;
                 }
-                if indent as isize > parent {
+                if indent as isize > parent && !(indent == 0 && document_marker(line)) {
                     // Text ends its run at a comment; what follows is structure.
                     if has_comment(line, indent) {
                         self.carry = Carry::Structure;
@@ -262,9 +295,8 @@ impl Scan {
             return;
         }
         let mut at = indent;
-        if line[at..].starts_with(b"---") && indicator(line, at + 2)
-            || line[at..].starts_with(b"...") && indicator(line, at + 2)
-        {
+        // Only at column 0: an indented `---` is text (`  --- k:` is a key).
+        if indent == 0 && document_marker(line) {
             // A document marker resets the block structure; content may follow.
             self.block.clear();
             at = skip_spaces(line, at + 3);
@@ -276,6 +308,9 @@ impl Scan {
 
     /// Scans block-context content starting at `at` (not a space).
     fn block_from(&mut self, line: &[u8], mut at: usize) {
+        // The column of the current node's first property (tag or anchor)
+        // or alias: a key's map opens there, not at the key's text.
+        let mut node_start: Option<usize> = None;
         // The first item on a line closes what is indented deeper.
         while let Some(&(c, _)) = self.block.last() {
             if c > at {
@@ -291,18 +326,27 @@ impl Scan {
                 b'#' if at == 0 || is_space(line[at - 1]) => break,
                 b'-' | b'?' | b':' if indicator(line, at) => {
                     let kind = if b == b'-' { Kind::List } else { Kind::Map };
-                    self.open(at, kind);
+                    // `*a : v`, `!t : v`: the key before `:` is that node.
+                    let column = if b == b':' {
+                        node_start.unwrap_or(at)
+                    } else {
+                        at
+                    };
+                    self.open(column, kind);
+                    node_start = None;
                     at += 1;
                 }
                 b'!' | b'&' | b'*' => {
                     // A tag, anchor or alias: one token (which flow indicators
                     // end), then maybe a value.
+                    node_start.get_or_insert(at);
                     at += 1;
                     while at < line.len() && !is_space(line[at]) && !b"[]{},".contains(&line[at]) {
                         at += 1;
                     }
                 }
                 b'[' | b'{' => {
+                    self.flow_column = node_start.unwrap_or(at);
                     self.flow_from(line, at, true);
                     return;
                 }
@@ -312,7 +356,8 @@ impl Scan {
                 }
                 b'"' | b'\'' => match close_quote(line, at + 1, b) {
                     Some(after) => {
-                        let start = at;
+                        let start = node_start.unwrap_or(at);
+                        node_start = None;
                         at = after;
                         if let Some(next) = self.key_after(line, at, start) {
                             at = next;
@@ -327,7 +372,7 @@ impl Scan {
                 },
                 _ => {
                     // A plain scalar: a key if `:` + space follows it on this line.
-                    let start = at;
+                    let start = node_start.take().unwrap_or(at);
                     match plain_end(line, at) {
                         (end, true) => {
                             self.open(start, Kind::Map);
@@ -398,40 +443,78 @@ impl Scan {
             let b = line[at];
             match b {
                 b'[' | b'{' => {
+                    let base = self.depth();
                     self.flow.push(Flow {
                         list: b == b'[',
-                        pair: false,
+                        pairs: 0,
+                        base,
+                        peak: base + 1,
+                        key: 0,
                     });
                     self.note_depth();
                     scalar_start = true;
                 }
                 b']' | b'}' => {
-                    self.flow.pop();
+                    let (levels, peak) = self
+                        .flow
+                        .pop()
+                        .map_or((0, 0), |f| (f.peak - f.base, f.peak));
                     scalar_start = false;
-                    if self.flow.is_empty() {
+                    if let Some(parent) = self.flow.last_mut() {
+                        // Two collections before one `:` (`[a]{b: c}: d`):
+                        // the parser's key may begin at the first.
+                        parent.key = parent.key.max(levels);
+                        parent.peak = parent.peak.max(peak);
+                    } else {
                         // Back in block context: a flow key may be followed by `: value`.
                         let next = skip_spaces(line, at + 1);
                         if line.get(next) == Some(&b':') {
+                            // The collection was a key: its map opens where
+                            // it began, and the key nests inside that map.
+                            self.open(self.flow_column, Kind::Map);
+                            self.note(self.block.len() + levels);
                             self.block_from(line, next + 1);
+                        } else if next < line.len() {
+                            // Not valid YAML after a value, but the parser
+                            // reads on before it says so: so does the count.
+                            self.block_from(line, next);
                         }
                         return;
                     }
                 }
                 b',' => {
                     if let Some(f) = self.flow.last_mut() {
-                        f.pair = false;
+                        f.pairs = 0;
+                        f.key = 0;
                     }
                     scalar_start = true;
                 }
+                // Inside plain text (`b? c`) a `?` is text, and so is what
+                // follows it: a quote there opens nothing.
+                b'?' if !scalar_start => {}
+                // A tag or anchor before a node: the node (a quote, a `:`
+                // that opens a pair) may still start after it.
+                b'!' | b'&' if scalar_start => {
+                    while at + 1 < line.len()
+                        && !is_space(line[at + 1])
+                        && !b"[]{},".contains(&line[at + 1])
+                    {
+                        at += 1;
+                    }
+                }
                 b':' | b'?' => {
                     // Counted as a pair even where `:` is text (`a:b`): an
-                    // over-count of one, never an under-count.
+                    // over-count of one, never an under-count. A `:` where
+                    // the pair's value starts opens a pair inside it.
                     if let Some(f) = self.flow.last_mut()
                         && f.list
-                        && !f.pair
+                        && (f.pairs == 0 || scalar_start && b == b':')
                     {
-                        f.pair = true;
-                        self.note_depth();
+                        f.pairs += 1;
+                        // A collection just closed was the pair's key: it
+                        // sits inside the pair.
+                        let key = std::mem::take(&mut f.key);
+                        self.note(self.depth() + key);
                     }
                     scalar_start = indicator(line, at);
                 }
@@ -454,6 +537,12 @@ impl Scan {
         }
         self.flow_scalar_start = scalar_start;
     }
+}
+
+/// `---` or `...` starting a line (then a space or its end): a document
+/// marker, which ends any plain text before it.
+fn document_marker(line: &[u8]) -> bool {
+    (line.starts_with(b"---") || line.starts_with(b"...")) && indicator(line, 2)
 }
 
 /// Whether a ` #` comment starts at or after `at`.
@@ -569,6 +658,105 @@ mod tests {
             assert_eq!((e.line, e.limit), (line, MAX_DEPTH), "{e}");
             assert!(e.depth > MAX_DEPTH);
             assert!(e.to_string().contains("at most 64"), "{e}");
+        }
+    }
+
+    /// Levels of `line(i)`, each indented two more than the last, under a
+    /// `descriptors:` key (so they nest 2 + n deep in the parser).
+    fn indented(head: &str, n: usize, line: impl Fn(usize) -> String) -> String {
+        let mut text = format!("domain: d\n{head}descriptors:\n");
+        for i in 0..n {
+            text.push_str(&" ".repeat(2 * i + 2));
+            text.push_str(&line(i));
+            text.push('\n');
+        }
+        text
+    }
+
+    /// Keys that do not start at their own column: a tag or an anchor before
+    /// the key, an alias as the key, a flow collection as the key. The
+    /// parser's block mapping starts at the first of those tokens (a simple
+    /// key begins at its node's properties), so each line nests one deeper;
+    /// 10,000 such levels overflowed the parser's stack (audit, issue 28).
+    #[test]
+    fn keys_after_properties_and_flow_keys_nest_at_their_first_token() {
+        let cases = [
+            ("tagged key", indented("", 10_000, |_| "!a k:".into())),
+            (
+                "anchored key",
+                indented("", 10_000, |i| format!("&a{i} k:")),
+            ),
+            (
+                "tag and anchor",
+                indented("", 10_000, |_| "!t &a k:".into()),
+            ),
+            (
+                "tagged quoted key",
+                indented("", 10_000, |_| "!a \"k\":".into()),
+            ),
+            (
+                "anchored quoted key",
+                indented("", 10_000, |_| "&a 'k':".into()),
+            ),
+            (
+                "alias key",
+                indented("anchor: &a x\n", 10_000, |_| "*a :".into()),
+            ),
+            ("flow list key", indented("", 10_000, |_| "[a]:".into())),
+            ("flow map key", indented("", 10_000, |_| "{a: b}:".into())),
+            (
+                "tagged flow key",
+                indented("", 10_000, |_| "!a [a]:".into()),
+            ),
+            (
+                "list of tagged keys",
+                indented("", 10_000, |_| "- !a k:".into()),
+            ),
+            ("tagged list items", indented("", 10_000, |_| "- !a".into())),
+            ("tagged values", indented("", 10_000, |_| "k: !a".into())),
+            (
+                "indented document markers",
+                indented("", 10_000, |_| "--- k:".into()),
+            ),
+            (
+                "tagged flow",
+                format!("domain: d\ndescriptors: {}\n", "!a [".repeat(10_000)),
+            ),
+            (
+                "anchored flow maps",
+                format!("domain: d\ndescriptors: {}\n", "&a {k: ".repeat(10_000)),
+            ),
+        ];
+        let missed: Vec<String> = cases
+            .iter()
+            .filter_map(|(construct, text)| match check_depth(text, MAX_DEPTH) {
+                Err(e) if e.depth > MAX_DEPTH && e.line <= MAX_DEPTH + 4 => None,
+                other => Some(format!("{construct}: {other:?}")),
+            })
+            .collect();
+        assert!(missed.is_empty(), "not refused at the limit: {missed:#?}");
+    }
+
+    /// The same constructs a few levels deep count as the parser builds them
+    /// (a flow key sits inside the map it keys, so it is one level deeper).
+    #[test]
+    fn properties_and_flow_keys_count_one_level_a_key() {
+        for (text, depth) in [
+            ("!a k:\n  !a k:\n    !a k: 1\n", 3),
+            ("&a k:\n  &b k:\n    *a : 1\n", 3),
+            ("!a \"k\":\n  !a 'j': 1\n", 2),
+            ("[a]:\n  {b: c}:\n    x: 1\n", 3),
+            ("[[[a]]]: 1\n", 4),
+            ("[[a: b]]: 1\n", 4),
+            ("a: [{d: e}: x]\n", 4),
+            ("a: [[[x]: y]: z]\n", 6),
+            ("a: [k: : x]\n", 4),
+            ("a: [k: &a : x]\n", 4),
+            ("a:\n  --- b:\n    c: 1\n", 3),
+            ("- !a k:\n    - &b j: 1\n", 4),
+            ("k: !a\n  j: &x\n    i: 1\n", 3),
+        ] {
+            assert_eq!(depth_of(text), depth, "{text}");
         }
     }
 

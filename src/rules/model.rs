@@ -166,6 +166,12 @@ pub struct Rule {
     /// then, so a dead region strands capacity for lease + hold, not for
     /// its whole outage.
     pub fallback_hold: std::time::Duration,
+    /// `confirm_ban: true`: the operator states that this rule may ban or
+    /// near-ban every caller or every value it matches (a limit of 0, a
+    /// shared counter below the coordinator's `--shared-rule-floor`, or
+    /// less than one request a day per value). The coordinator refuses such
+    /// a rule without it; the limiter enforces the rule the same either way.
+    pub confirm_ban: bool,
     /// Where the rule was written: file name and 1-based line.
     pub file: String,
     /// Where the rule was written: 1-based line in `file`.

@@ -55,6 +55,7 @@ const LIMIT_FIELDS: &[&str] = &[
     "partition",
     "fallback",
     "fallback_hold",
+    "confirm_ban",
 ];
 
 const RATE_LIMIT_FIELDS: &[&str] = &[
@@ -769,6 +770,7 @@ impl Cx<'_> {
         let mut rest = rules.split_off(1);
         let mut rule = rules.pop()?;
         self.fail_mode(map, &mut rule);
+        self.confirm_ban(map, &mut rule);
         // Scope, partition and fallback apply to every limit (a global
         // rule allocates each on its own); so does accuracy, which each
         // entry's algorithm must support.
@@ -846,7 +848,10 @@ impl Cx<'_> {
             split: 1,
             partition: Partition::default(),
             fallback: 0.5,
-            fallback_hold: Duration::from_millis(crate::allocation::DEFAULT_FALLBACK_HOLD_MS as u64),
+            fallback_hold: Duration::from_millis(
+                crate::allocation::DEFAULT_FALLBACK_HOLD_MS as u64,
+            ),
+            confirm_ban: false,
             file: self.file.to_owned(),
             line: spec.line,
         };
@@ -923,6 +928,7 @@ impl Cx<'_> {
         self.fail_mode(map, &mut rule);
         self.placement(map, &mut rule);
         self.accuracy(map, &mut rule, algorithm);
+        self.confirm_ban(map, &mut rule);
         if let Some(n) = get("split") {
             match self.integer(n, "split") {
                 Some(k) if (1..=i64::from(MAX_SPLIT)).contains(&k) => {
@@ -1005,6 +1011,13 @@ impl Cx<'_> {
                 ("local", FailMode::Local),
             ];
             rule.fail_mode = self.choice(n, "fail_mode", &choices).unwrap_or_default();
+        }
+    }
+
+    /// `confirm_ban` of a descriptor (beside `rate_limit` or `limits`).
+    fn confirm_ban(&mut self, map: &MarkedMappingNode, rule: &mut Rule) {
+        if let Some(n) = map.get_node("confirm_ban").filter(|n| !is_null(n)) {
+            rule.confirm_ban = self.boolean(n, "confirm_ban").unwrap_or(false);
         }
     }
 

@@ -557,7 +557,10 @@ fn rejects_bad_limits_with_line_and_field() {
         "0.0 to 1.0",
     );
     rejects(
-        &rl("    fallback_hold: 30s\n", "{unit: day, requests_per_unit: 1}"),
+        &rl(
+            "    fallback_hold: 30s\n",
+            "{unit: day, requests_per_unit: 1}",
+        ),
         4,
         "fallback_hold",
         "scope: global",
@@ -1022,5 +1025,46 @@ descriptors:
         5,
         "rate_limit",
         "1 or more",
+    );
+}
+
+/// `confirm_ban` (issue 28) sits beside a limited `rate_limit` or a `limits`
+/// list and is carried on the rule; the limiter enforces the rule the same
+/// either way, so it is refused where there is no limit to confirm.
+#[test]
+fn confirm_ban_is_read_beside_a_limit_and_refused_elsewhere() {
+    let d = "domain: d\ndescriptors:\n  - key: k\n";
+    let ban = parse(&format!(
+        "{d}    confirm_ban: true\n    rate_limit: {{unit: second, requests_per_unit: 0}}\n"
+    ));
+    let rule = ban.rules().next().expect("one rule");
+    assert!(rule.confirm_ban && rule.denies_all());
+    let limits = parse(&format!(
+        "{d}    confirm_ban: true\n    limits:\n      - {{rate_limit: {{unit: second, requests_per_unit: 1}}}}\n      - {{rate_limit: {{unit: year, requests_per_unit: 1}}}}\n"
+    ));
+    assert!(limits.rules().next().is_some_and(|r| r.confirm_ban));
+    let plain = parse(&format!(
+        "{d}    rate_limit: {{unit: second, requests_per_unit: 0}}\n"
+    ));
+    assert!(plain.rules().next().is_some_and(|r| !r.confirm_ban));
+    rejects(
+        &format!("{d}    confirm_ban: true\n    rate_limit: {{unlimited: true}}\n"),
+        4,
+        "confirm_ban",
+        "only allowed beside a rate_limit with a limit",
+    );
+    rejects(
+        &format!("{d}    confirm_ban: true\n"),
+        4,
+        "confirm_ban",
+        "no rate_limit",
+    );
+    rejects(
+        &format!(
+            "{d}    confirm_ban: please\n    rate_limit: {{unit: second, requests_per_unit: 0}}\n"
+        ),
+        4,
+        "confirm_ban",
+        "true or false",
     );
 }

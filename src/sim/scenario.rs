@@ -847,7 +847,8 @@ mod tests {
     }
 
     fn field(e: Result<Scenario, ScenarioError>) -> String {
-        e.map(|_| "accepted".to_string()).unwrap_or_else(|e| e.field)
+        e.map(|_| "accepted".to_string())
+            .unwrap_or_else(|e| e.field)
     }
 
     #[test]
@@ -875,9 +876,15 @@ mod tests {
     #[test]
     fn jitter_and_lateness_default_to_none_and_are_bounded() {
         let s = scenario("").expect("valid");
-        assert_eq!((s.coordinator.report_jitter, s.coordinator.report_late_ms), (0.0, 0));
+        assert_eq!(
+            (s.coordinator.report_jitter, s.coordinator.report_late_ms),
+            (0.0, 0)
+        );
         let s = scenario("report_jitter = 0.2\nreport_late_ms = 3000").expect("valid");
-        assert_eq!((s.coordinator.report_jitter, s.coordinator.report_late_ms), (0.2, 3_000));
+        assert_eq!(
+            (s.coordinator.report_jitter, s.coordinator.report_late_ms),
+            (0.2, 3_000)
+        );
         assert_eq!(
             field(scenario("report_jitter = 1.5")),
             "coordinator.report_jitter"

@@ -205,13 +205,14 @@ impl Engine {
             .regions
             .iter()
             .zip(&statics)
-            .map(|(r, share)| Region {
+            .enumerate()
+            .map(|(i, (r, share))| Region {
                 counters: Counters::new(s.rule.algorithm, s.traffic.customers),
                 pods: (0..r.pods)
                     .map(|p| Pod {
                         table: pod_table(s),
                         account: pod_account(s, &r.name, p),
-                        next_report: first_report(s, p, r.pods),
+                        next_report: first_report(s, i, p),
                     })
                     .collect(),
                 static_share: *share,
@@ -884,10 +885,7 @@ impl Engine {
                             (decided.cost, decided.allowed) = (k - got, false);
                             topped |= account.record(&decided, counted_at);
                         }
-                        if topped
-                            && self.strategy == Strategy::Meridian
-                            && s.coordinator.top_up
-                        {
+                        if topped && self.strategy == Strategy::Meridian && s.coordinator.top_up {
                             asked_top_up.push((r, p));
                         }
                     }
@@ -988,11 +986,14 @@ fn pod_account(s: &Scenario, region: &str, p: usize) -> PodAccount {
     PodAccount::new(region, &format!("{region}-{p}")).with_top_keys(s.coordinator.top_n)
 }
 
-/// When pod `p` of a region's `pods` first reports: pods report out of
-/// phase with each other, spread over the interval (on step boundaries).
-fn first_report(s: &Scenario, p: usize, pods: usize) -> i64 {
+/// When pod `p` of region `r` first reports: every pod of the world on
+/// its own phase, spread evenly over the interval (on step boundaries), as
+/// limiters started at different times are.
+fn first_report(s: &Scenario, r: usize, p: usize) -> i64 {
     let (interval, step) = (s.coordinator.report_interval_ms, s.step_ms);
-    let offset = (p as i64 * interval / pods.max(1) as i64) / step * step;
+    let index = s.regions[..r].iter().map(|x| x.pods).sum::<usize>() + p;
+    let pods = s.regions.iter().map(|x| x.pods).sum::<usize>().max(1);
+    let offset = (index as i64 * interval / pods as i64) / step * step;
     (interval - offset % interval) % interval
 }
 

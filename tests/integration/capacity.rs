@@ -11,7 +11,8 @@
 //! - Every limiter of one region killed with SIGKILL under load: once the
 //!   dead region's lease and its `fallback_hold` have run out, the other
 //!   region is granted the capacity it freed, and the world still never
-//!   admits more than L in a window.
+//!   admits more than L in a window — as the test counts it, and as the
+//!   leader's ledger (`GET /api/v1/ledger`) counts it from the pods' reports.
 
 use crate::common;
 
@@ -20,7 +21,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use common::global::{LEASE, Load, REBALANCE, Record, World, admitted_per_window, granted, now_us};
+use common::global::{
+    LEASE, Load, REBALANCE, Record, World, admitted_per_window, granted, limiter_gauge, now_us,
+};
 
 const L: u64 = 200;
 /// Two rebalance rounds per window: short enough for ten runs to fit the
@@ -78,7 +81,30 @@ fn demand_per_window(records: &[Record]) -> BTreeMap<u64, u64> {
     demand
 }
 
-/// `rates` split `share` / 100 − `share` between the two regions.
+/// When each region's enforced limit changed, as its decisions said (µs
+/// from `from_us`, the run's start).
+fn limits_enforced(records: &[Record], from_us: u64) -> Vec<String> {
+    let mut lines = Vec::new();
+    for region in 0..2 {
+        let mut last = None;
+        let mut changes = Vec::new();
+        for r in records.iter().filter(|r| r.region == region) {
+            if last != Some(r.limit) {
+                last = Some(r.limit);
+                changes.push(format!(
+                    "{:+.1} s: {}",
+                    (r.recv_us as f64 - from_us as f64) / 1e6,
+                    r.limit
+                ));
+            }
+        }
+        lines.push(format!("region {region} enforced {}", changes.join(", ")));
+    }
+    lines
+}
+
+/// Per-region rates of the world's demand with `share` % in mumbai and the
+/// rest in hyderabad.
 fn split(share: u64) -> [u64; 2] {
     [RATE * share / 100, RATE * (100 - share) / 100]
 }
@@ -98,7 +124,7 @@ struct Run {
 /// key entry carries over. Runs alternate the direction (80/20 → 20/80, then
 /// 20/80 → 80/20), so a run begins with the mix the last one ended on: the
 /// rule-level split (which serves a key without an entry of its own) then
-/// follows one mix for three or four windows before each swing, as it would
+/// follows one mix for about four windows before each swing, as it would
 /// with one long-lived key. The swing lands at a different point of its
 /// window in each run (0, 0.4, … 3.6 s in).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -116,6 +142,23 @@ async fn swing_80_20_to_20_80_uses_capacity_in_every_run_with_limiters_on_defaul
     )
     .await;
     world.wait_allocated(rule, Duration::from_secs(20)).await;
+    // Left unset, each limiter's report interval is the coordinators': 1 s
+    // for 2 s rounds (its own default, 10 s, is what made demand flap).
+    for region in &world.regions {
+        let asked = Instant::now();
+        loop {
+            let interval = limiter_gauge(&region.limiter, "meridian_report_interval_seconds").await;
+            if interval == Some(1.0) {
+                break;
+            }
+            assert!(
+                asked.elapsed() < Duration::from_secs(10),
+                "{}: report interval {interval:?} s, not the coordinators' 1 s for 2 s rounds",
+                region.name
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     let started = Instant::now();
 
     // The split each second, to show how it moved when a run fails.
@@ -240,6 +283,9 @@ async fn swing_80_20_to_20_80_uses_capacity_in_every_run_with_limiters_on_defaul
                     eprintln!("    {:+.1} s {line}", (*at as f64 - from_us as f64) / 1e6);
                 }
             }
+            for line in limits_enforced(&records, from_us) {
+                eprintln!("    {line}");
+            }
         }
         runs.push(Run {
             capacity: share,
@@ -301,6 +347,32 @@ async fn granted_at_us(world: &World, rule: &str, key: &str, region: &str, least
         .unwrap_or_else(|| panic!("no epoch in the history grants {region} {least}: {body}"))
 }
 
+/// The epochs that changed `key`'s shares since `since_us`, oldest first,
+/// with their commit times from `since_us`.
+async fn history_since(world: &World, rule: &str, key: &str, since_us: u64) -> Vec<String> {
+    let body = world
+        .allocations(&format!("rule={rule}&key={key}&history=50"))
+        .await;
+    let mut lines: Vec<String> = body["history"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|record| {
+            let at_us = record["at_unix_ms"].as_u64()? * 1000;
+            (at_us >= since_us).then(|| {
+                format!(
+                    "epoch {} at {:+.1} s: {}",
+                    record["epoch"],
+                    (at_us - since_us) as f64 / 1e6,
+                    record["changes"]
+                )
+            })
+        })
+        .collect();
+    lines.reverse();
+    lines
+}
+
 /// Hyderabad's only limiter is killed with SIGKILL while both regions ask
 /// for more than their shares. Its fallback (half its static share) stays
 /// reserved while it could still be using it — until its lease and then its
@@ -326,8 +398,9 @@ async fn kill_9_every_limiter_of_a_region_returns_its_share_after_the_fallback_h
         &[RATE * 6 / 10, RATE * 4 / 10],
     );
     world.wait_allocated(rule, Duration::from_secs(20)).await;
-    // Two whole windows under load for the split to settle.
-    until((now_us() / period_us() + 3) * period_us()).await;
+    // Two whole windows under load for the split to settle; the kill comes
+    // mid-window, when hyderabad has admitted most of its share of it.
+    until((now_us() / period_us() + 3) * period_us() + period_us() * 5 / 8).await;
     let before = key_shares(&world, rule, "acme").await;
     eprintln!("before the kill: {before:?}");
 
@@ -335,26 +408,30 @@ async fn kill_9_every_limiter_of_a_region_returns_its_share_after_the_fallback_h
     let killed = Instant::now();
     let status = world.regions[1].limiter.kill();
     eprintln!("hyderabad's limiter killed: {status}");
-    // The last lease the coordinator gave hyderabad; no one renews it now.
-    let body = world.allocations("").await;
-    let lease_until_us = body["leases"]["hyderabad"]["valid_until_unix_ms"]
-        .as_u64()
-        .expect("hyderabad holds a lease")
-        * 1000;
-    let hold_until_us = lease_until_us + FALLBACK_HOLD.as_micros() as u64;
-    eprintln!(
-        "hyderabad's lease ends {:.1} s after the kill, its fallback hold {:.1} s after",
-        (lease_until_us as f64 - killed_us as f64) / 1e6,
-        (hold_until_us as f64 - killed_us as f64) / 1e6
-    );
-
     // Mumbai must be granted ≥ 90 % of L within lease + hold + skew margin +
     // two rounds (+ 2 s for reports and Raft on a loaded machine), and not
-    // before hyderabad's hold is over (until then hyderabad may still
-    // admit its fallback, so strict leaves it reserved).
+    // before hyderabad's hold is over (until then hyderabad may still admit
+    // its fallback, so strict leaves it reserved). The hold ends
+    // `fallback_hold` after the last lease the coordinator gave hyderabad —
+    // which may be one it published in the round after the kill: it cannot
+    // know the lease never arrived.
     let within = LEASE + FALLBACK_HOLD + SKEW_MARGIN + 2 * REBALANCE + Duration::from_secs(2);
     let freed = L * 9 / 10;
+    let mut lease_until_us = 0;
     let granted_us = loop {
+        let leases = world.allocations("").await;
+        let lease = leases["leases"]["hyderabad"]["valid_until_unix_ms"]
+            .as_u64()
+            .expect("hyderabad holds a lease")
+            * 1000;
+        if lease > lease_until_us {
+            lease_until_us = lease;
+            eprintln!(
+                "hyderabad's lease ends {:.1} s after the kill",
+                (lease as f64 - killed_us as f64) / 1e6,
+            );
+        }
+        let hold_until_us = lease_until_us + FALLBACK_HOLD.as_micros() as u64;
         let shares = key_shares(&world, rule, "acme").await;
         let sum: u64 = shares.values().sum();
         assert!(sum <= L, "strict shares sum to {sum} > L={L}: {shares:?}");
@@ -368,6 +445,9 @@ async fn kill_9_every_limiter_of_a_region_returns_its_share_after_the_fallback_h
                 (at as f64 - hold_until_us as f64) / 1e6,
                 killed.elapsed().as_secs_f64(),
             );
+            for line in history_since(&world, rule, "acme", killed_us).await {
+                eprintln!("  {line}");
+            }
             assert!(
                 at >= hold_until_us,
                 "mumbai was granted {mumbai} {:.1} s before hyderabad's fallback hold ended",
@@ -417,5 +497,69 @@ async fn kill_9_every_limiter_of_a_region_returns_its_share_after_the_fallback_h
             mumbai >= freed,
             "mumbai admitted {mumbai} in window {w}, after it was granted ≥ {freed} (it admitted {mumbai_before} before the kill)"
         );
+    }
+
+    // The leader's ledger, from the pods' reports, says the same: no period
+    // of the rule above L, from before the kill to the end. A period is
+    // final one period after it ends; wait for the last one the load filled.
+    let last = first_full + 1;
+    let ledger = world_ledger(&world, rule, last, PERIOD * 3).await;
+    let figures: BTreeMap<u64, &Value> = ledger["periods"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| Some((p["start_unix_ms"].as_u64()? * 1000 / period_us(), p)))
+        .collect();
+    for w in killed_in - 1..=last {
+        let figure = figures
+            .get(&w)
+            .unwrap_or_else(|| panic!("the ledger has no period for window {w}: {ledger}"));
+        let admitted = figure["admitted"].as_u64().unwrap_or(u64::MAX);
+        eprintln!(
+            "ledger, window at {:+.1} s from the kill: admitted {admitted} {} (test counted {:?}), complete {}",
+            ((w * period_us()) as f64 - killed_us as f64) / 1e6,
+            figure["regions"],
+            windows.get(&w),
+            figure["complete"]
+        );
+    }
+    for (w, figure) in &figures {
+        let admitted = figure["admitted"].as_u64().unwrap_or(u64::MAX);
+        assert!(
+            admitted <= L && figure["over_bound"] == false,
+            "the ledger shows window {w} at {admitted} > L={L}: {figure}"
+        );
+    }
+    assert_eq!(
+        ledger["periods_over_bound_last_hour"], 0,
+        "the ledger counts periods over the bound: {ledger}"
+    );
+}
+
+/// `GET /api/v1/ledger?rule=…` for `rule` once its finished periods reach
+/// `window` (waits up to `within`).
+async fn world_ledger(world: &World, rule: &str, window: u64, within: Duration) -> Value {
+    let started = Instant::now();
+    let path = format!("/api/v1/ledger?rule={rule}&periods=60");
+    loop {
+        let leader = world.cluster.wait_leader(Duration::from_secs(10)).await;
+        let body = match world.cluster.get(leader, &path).await {
+            Some((200, body)) => body,
+            other => panic!("GET {path}: {other:?}"),
+        };
+        let ledger = body["rules"][rule].clone();
+        let newest = ledger["periods"]
+            .as_array()
+            .and_then(|p| p.last())
+            .and_then(|p| p["start_unix_ms"].as_u64())
+            .map_or(0, |ms| ms * 1000 / period_us());
+        if newest >= window {
+            return ledger;
+        }
+        assert!(
+            started.elapsed() < within,
+            "the ledger finished no period for window {window} within {within:?}: {ledger}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }

@@ -489,3 +489,101 @@ async fn rollback_to_a_version_below_todays_floor_is_refused() {
         "{answer}"
     );
 }
+
+/// The audit's three rules (issue 28), with `extra` beside each rate_limit:
+/// a ban of the shared `/login` counter, a ban of every customer, and every
+/// path allowed once a year.
+fn key_space_bans(extra: &str) -> [(&'static str, String); 3] {
+    [
+        (
+            "shared /login at 0",
+            format!(
+                "domain: api\ndescriptors:\n  - key: path\n    value: /login\n{extra}    rate_limit: {{unit: minute, requests_per_unit: 0}}\n"
+            ),
+        ),
+        (
+            "every customer at 0",
+            format!(
+                "domain: api\ndescriptors:\n  - key: customer\n{extra}    rate_limit: {{unit: minute, requests_per_unit: 0}}\n"
+            ),
+        ),
+        (
+            "every path once a year",
+            format!(
+                "domain: api\ndescriptors:\n  - key: path\n{extra}    rate_limit: {{unit: year, requests_per_unit: 1}}\n"
+            ),
+        ),
+    ]
+}
+
+/// With `--shared-rule-floor 600` each of the audit's rules was accepted (a
+/// limit of 0 has no params, so the floor skipped it; key-only rules were
+/// never held to anything). Now each is refused naming its field and the
+/// confirmation, passes with `confirm_ban: true`, and a rollback to a
+/// version with an unconfirmed ban is refused as a put is; one whose ban
+/// was confirmed rolls back, the confirmation being part of the version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bans_of_a_key_space_need_confirm_ban_on_put_and_rollback() {
+    // Version 1, an unconfirmed ban, was accepted while the floor was off.
+    let mut cluster = Cluster::start(
+        1,
+        Options {
+            shared_rule_floor: 0.0,
+            ..Options::default()
+        },
+    )
+    .await;
+    let unconfirmed = key_space_bans("")[1].1.clone();
+    assert_eq!(cluster.put_text(1, &unconfirmed).await.0, 200);
+    cluster.kill(1);
+    cluster.set_shared_rule_floor(600.0);
+    cluster.restart(1);
+    cluster.wait_leader(Duration::from_secs(20)).await;
+
+    for (case, text) in key_space_bans("") {
+        let (status, body) = cluster.put_text(1, &text).await;
+        assert_eq!(status, 422, "{case}: {body}");
+        let issue = &body["issues"][0];
+        assert_eq!(issue["field"], "requests_per_unit", "{case}: {body}");
+        assert_eq!(issue["file"], "rules.yaml", "{case}: {body}");
+        let reason = issue["reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains("confirm_ban: true") && reason.contains("rule api|"),
+            "{case}: {body}"
+        );
+    }
+    let mut confirmed = Vec::new();
+    for (case, text) in key_space_bans("    confirm_ban: true\n") {
+        let (status, body) = cluster.put_text(1, &text).await;
+        assert_eq!(status, 200, "{case}: {body}");
+        confirmed.push(body["version"].as_u64().expect("version"));
+    }
+
+    let (status, answer) = cluster
+        .send(
+            1,
+            Method::POST,
+            "/api/v1/rules/rollback",
+            Some(json!({ "to": 1 })),
+        )
+        .await;
+    assert_eq!(status, 422, "{answer}");
+    let error = answer["error"].as_str().unwrap_or_default();
+    for words in [
+        "rollback to version 1 refused",
+        "requests_per_unit",
+        "confirm_ban: true",
+    ] {
+        assert!(error.contains(words), "{words:?} missing: {answer}");
+    }
+    assert_eq!(answer["issues"][0]["field"], "requests_per_unit");
+    let (status, answer) = cluster
+        .send(
+            1,
+            Method::POST,
+            "/api/v1/rules/rollback",
+            Some(json!({ "to": confirmed[0] })),
+        )
+        .await;
+    assert_eq!(status, 200, "a confirmed ban rolls back: {answer}");
+}

@@ -323,3 +323,132 @@ async fn nodes_named_by_dns_elect_join_and_forward_writes() {
         }
     }
 }
+
+/// The arguments a running node was started with, from `/proc`.
+fn argv_of(pid: u32) -> Vec<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).expect("the node's command line");
+    raw.split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .skip(1)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
+
+/// The value after `flag` in `argv`.
+fn flag_value<'a>(argv: &'a [String], flag: &str) -> &'a str {
+    let at = argv.iter().position(|a| a == flag).expect("flag given");
+    &argv[at + 1]
+}
+
+/// `meridian ARGS` until it exits (killed after 30 s); its exit status and
+/// everything it logged.
+fn run_to_exit(args: &[String], log: &std::path::Path) -> (std::process::ExitStatus, String) {
+    let out = std::fs::File::create(log).expect("log file");
+    let mut child = std::process::Command::new(common::meridian_bin())
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone().expect("log handle"))
+        .stderr(out)
+        .spawn()
+        .expect("spawn meridian coordinator");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "still running after 30 s: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status, std::fs::read_to_string(log).unwrap_or_default())
+}
+
+/// Issue 28: a data dir whose `coordinator.redb` was emptied or replaced by
+/// an empty store started as a brand-new node (no log, no vote, no
+/// membership, no warning), and with `--init` bootstrapped a second cluster
+/// under a new id. The data dir's record of its store now makes such a
+/// start fail, with or without `--init`, saying what was found and how to
+/// start over; moving the dir away (what the message says) starts afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emptied_store_is_refused_with_or_without_init() {
+    let mut cluster = Cluster::start(1, Options::default()).await;
+    let (v1, _) = put_until_ok(&cluster, 1, &rules_yaml("before")).await;
+    assert_eq!(v1, 1);
+    let pid = cluster.node(1).pid().expect("node 1 runs");
+    let with_init = argv_of(pid);
+    assert!(with_init.iter().any(|a| a == "--init"), "{with_init:?}");
+    let without_init: Vec<String> = {
+        let at = with_init
+            .iter()
+            .position(|a| a == "--init")
+            .expect("--init");
+        let mut argv = with_init.clone();
+        argv.drain(at..at + 2);
+        argv
+    };
+    let data_dir = std::path::PathBuf::from(flag_value(&with_init, "--data-dir"));
+    let record = data_dir.join("coordinator.redb.created");
+    // The node elected itself, so it has stored a vote and recorded it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&record).is_ok_and(|r| r.contains("voted=true")) {
+        assert!(
+            Instant::now() < deadline,
+            "no record of a vote in {record:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster.kill(1);
+
+    let store = data_dir.join("coordinator.redb");
+    let logs = tempfile::tempdir().expect("temp dir");
+    let empty_store = |path: &std::path::Path| {
+        std::fs::remove_file(path).expect("remove the store");
+        drop(redb::Database::create(path).expect("an empty redb store"));
+    };
+    let damages: [(&str, &dyn Fn(&std::path::Path), &str); 2] = [
+        (
+            "truncated",
+            &|p| {
+                std::fs::File::create(p).expect("truncate");
+            },
+            "coordinator.redb is empty (0 bytes)",
+        ),
+        (
+            "replaced by an empty store",
+            &empty_store,
+            "coordinator.redb holds no storage format",
+        ),
+    ];
+    for (damage, apply, found) in damages {
+        apply(&store);
+        for (how, argv) in [("--init", &with_init), ("no --init", &without_init)] {
+            let (status, log) = run_to_exit(argv, &logs.path().join("refused.log"));
+            assert!(!status.success(), "{damage}, {how}: started:\n{log}");
+            for words in [
+                "coordinator.redb.created",
+                "that this node voted",
+                found,
+                "with or without --init",
+                "move this data dir away",
+            ] {
+                assert!(
+                    log.contains(words),
+                    "{damage}, {how}: {words:?} missing:\n{log}"
+                );
+            }
+        }
+    }
+
+    // Starting over deliberately: the dir moved away, a new empty one starts.
+    std::fs::rename(&data_dir, data_dir.with_extension("old")).expect("move the dir away");
+    cluster.restart(1);
+    let started = cluster.wait_leader(Duration::from_secs(20)).await;
+    assert_eq!(started, 1);
+    assert!(record.exists(), "the new store is recorded");
+}

@@ -11,6 +11,8 @@
 //! - a reload keeps the history; a follower's page shows the leader's epoch;
 //! - a page whose node restarted reconnects by itself;
 //! - every chart has a table; every control is reachable by keyboard;
+//! - the world ledger draws each period's world-wide admitted with L and
+//!   the stated bound as lines, on the leader's page and a follower's;
 //! - a drain drill is drawn as a band on the allocation chart and listed
 //!   in the Drills table; its report page (`#drill=N`) shows its mode,
 //!   region, note (as text) and timeline; once stopped the table says so.
@@ -259,6 +261,49 @@ async fn assert_charts_drawn(page: &Client) {
     .await;
 }
 
+/// The world ledger's chart of the rule: a bar per period with admitted
+/// hits, L drawn as a line at L and the stated bound (L for an exact fixed
+/// window) beside it, a table of the periods, and the note naming the
+/// leader that counted them (a follower's page shows the leader's).
+async fn assert_ledger_drawn(page: &Client, whose: &str) {
+    let drawn = wait_js(
+        page,
+        &format!(
+            "const fig = [...document.querySelectorAll('#ledger-charts figure')].find(f => f.dataset.rule === '{RULE}');
+             if (!fig) return null;
+             const l = fig.querySelector('svg line.limit');
+             const b = fig.querySelector('svg line.bound');
+             const bars = [...fig.querySelectorAll('svg rect.ledger-bar:not(.open)')].map(r => Number(r.dataset.value));
+             const rows = fig.querySelectorAll('tbody tr').length;
+             if (!l || !b || !bars.some(v => v > 0) || !rows) return null;
+             return {{ limit: Number(l.dataset.value), bound: Number(b.dataset.value), bars, rows,
+                      caption: fig.querySelector('figcaption').textContent,
+                      note: document.getElementById('ledger-note').textContent }};"
+        ),
+        Duration::from_secs(30),
+        "the ledger's chart with finished periods, L and the bound",
+    )
+    .await;
+    assert_eq!(drawn["limit"], L, "L drawn: {drawn}");
+    assert_eq!(
+        drawn["bound"], L,
+        "the bound of an exact fixed window is L: {drawn}"
+    );
+    assert!(
+        drawn["caption"]
+            .as_str()
+            .is_some_and(|c| c.contains("L = 200")),
+        "{drawn}"
+    );
+    assert!(
+        drawn["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("the leader")),
+        "{drawn}"
+    );
+    eprintln!("ledger on {whose}'s page: {drawn}");
+}
+
 /// The regions table's Live pods cell shows each region's one limiter,
 /// and the note says where the figure comes from.
 async fn assert_live_pods(page: &Client, whose: &str) {
@@ -433,6 +478,7 @@ async fn the_dashboard_draws_live_allocations_rolls_back_and_survives_restarts()
     let charted = Instant::now();
     assert_charts_drawn(&page).await;
     assert_live_pods(&page, "the leader").await;
+    assert_ledger_drawn(&page, "the leader").await;
     eprintln!(
         "per-region and world-wide charts and live pods checked in {:?}",
         charted.elapsed()
@@ -470,12 +516,13 @@ async fn the_dashboard_draws_live_allocations_rolls_back_and_survives_restarts()
         )
         .await
         .expect("count charts");
-    assert_eq!(charts, json!([3, 3]), "a table per chart");
+    // The three of the allocation section and the ledger's (one global rule).
+    assert_eq!(charts, json!([4, 4]), "a table per chart");
     page.execute("document.activeElement.blur(); window.focus();", vec![])
         .await
         .expect("blur");
     let mut reached = Vec::new();
-    for _ in 0..40 {
+    for _ in 0..50 {
         page.active_element()
             .await
             .expect("active element")
@@ -846,6 +893,7 @@ async fn the_dashboard_draws_live_allocations_rolls_back_and_survives_restarts()
     )
     .await;
     assert_live_pods(&page, "a follower").await;
+    assert_ledger_drawn(&page, "a follower").await;
     screenshot("follower", &page.screenshot().await.expect("screenshot"));
 
     // The follower restarts under the open page: it reconnects by itself.

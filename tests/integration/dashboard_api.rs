@@ -1,6 +1,7 @@
 //! What the dashboard reads, over HTTP against a real 3-node cluster: the
 //! page and its headers, `/api/v1/history` (the same samples on every node,
-//! errors that name the field), `/api/v1/rules/diff`, and the cap on event
+//! errors that name the field), `/api/v1/ledger` (the leader's world figures
+//! per period, relayed by a follower), `/api/v1/rules/diff`, and the cap on event
 //! streams (a flood of dashboards gets 503, not unbounded memory).
 
 use crate::common;
@@ -277,6 +278,171 @@ async fn the_page_keeps_to_itself_diffs_name_versions_and_event_streams_are_capp
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Domain `api`, one global sliding-window-counter rule `sw` of `limit`
+/// per 2 s.
+fn sliding_rule(limit: u64) -> String {
+    format!(
+        "domain: api
+descriptors:
+  - key: sw
+    scope: global
+    fail_mode: closed
+    algorithm: sliding_window_counter
+    period: 2s
+    rate_limit:
+      name: sw
+      requests_per_unit: {limit}
+"
+    )
+}
+
+async fn ledger(cluster: &Cluster, node: u64, query: &str) -> (u16, Value) {
+    cluster
+        .get(node, &format!("/api/v1/ledger{query}"))
+        .await
+        .unwrap_or((0, Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ledger_counts_each_period_world_wide_on_the_leader_and_a_follower_relays() {
+    let world = World::start(&sliding_rule(200), &["mumbai", "hyderabad"]).await;
+    let load = Load::start(&world, "api", "sw", "acme", &[60, 60]);
+    let cluster = &world.cluster;
+    let leader = cluster.wait_leader(Duration::from_secs(20)).await;
+    let follower = cluster
+        .running()
+        .into_iter()
+        .find(|&id| id != leader)
+        .expect("follower");
+
+    // Finished periods, complete, with both regions' admissions in them.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let (status, body) = ledger(cluster, leader, "?rule=api%7Csw").await;
+        let done = body["rules"]["api|sw"]["periods"]
+            .as_array()
+            .map(|p| {
+                p.iter()
+                    .filter(|f| {
+                        f["complete"] == true
+                            && f["regions"]["mumbai"].as_u64() > Some(0)
+                            && f["regions"]["hyderabad"].as_u64() > Some(0)
+                    })
+                    .count()
+            })
+            .unwrap_or(0);
+        if status == 200 && done >= 2 {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no 2 complete periods: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let rule = &body["rules"]["api|sw"];
+    assert_eq!(
+        (rule["limit"].clone(), rule["period_ms"].clone()),
+        (serde_json::json!(200), serde_json::json!(2_000)),
+        "{rule}"
+    );
+    assert_eq!(rule["algorithm"], "sliding_window_counter");
+    assert!(
+        rule["bound_is"]
+            .as_str()
+            .is_some_and(|b| b.contains("L = 200")),
+        "{rule}"
+    );
+    assert!(
+        body["how"]
+            .as_str()
+            .is_some_and(|h| h.contains("clock-aligned")),
+        "{body}"
+    );
+    for f in rule["periods"].as_array().expect("periods") {
+        let admitted = f["admitted"].as_u64().expect("admitted");
+        let regions: u64 = f["regions"]
+            .as_object()
+            .map(|r| r.values().filter_map(Value::as_u64).sum())
+            .unwrap_or(0);
+        assert_eq!(
+            admitted, regions,
+            "the world is the sum of its regions: {f}"
+        );
+        assert_eq!(f["bound"], 200, "{f}");
+        // Whether it stayed within L is global_shift's and drills' to say
+        // (against the test's own count); here the figure says it itself.
+        assert_eq!(f["over_bound"], admitted > 200, "{f}");
+        assert_eq!(f["key"], "acme", "{f}");
+        assert_eq!(
+            f["start_unix_ms"].as_i64().map(|s| s % 2_000),
+            Some(0),
+            "{f}"
+        );
+    }
+    assert!(
+        rule["current"]["start_unix_ms"].as_i64().is_some(),
+        "{rule}"
+    );
+
+    // A follower relays to the leader.
+    let (status, theirs) = ledger(cluster, follower, "").await;
+    assert_eq!(status, 200, "{theirs}");
+    assert_eq!(theirs["node_id"], leader, "{theirs}");
+    assert!(theirs["rules"]["api|sw"].is_object(), "{theirs}");
+    // The history carries the same periods, from the leader.
+    let (status, history) = history(cluster, follower, "rule=api%7Csw").await;
+    assert_eq!(status, 200, "{history}");
+    assert!(
+        history["world_periods"]
+            .as_array()
+            .is_some_and(|p| !p.is_empty()),
+        "{history}"
+    );
+
+    // The gauges, on the leader only.
+    let metrics = cluster
+        .http
+        .get(format!("{}/metrics", cluster.node(leader).url()))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    for name in [
+        "meridian_global_admitted{rule=\"api|sw\"}",
+        "meridian_global_limit{rule=\"api|sw\"} 200",
+        "meridian_global_bound{rule=\"api|sw\"} 200",
+        "meridian_global_worst_period_ratio{rule=\"api|sw\"}",
+        "meridian_global_periods_over_bound{rule=\"api|sw\"} 0",
+    ] {
+        assert!(metrics.contains(name), "no {name} in:\n{metrics}");
+    }
+
+    // Errors name what is wrong.
+    let (status, body) = ledger(cluster, leader, "?rule=nope").await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(
+        body["global_rules"],
+        serde_json::json!(["api|sw"]),
+        "{body}"
+    );
+    let (status, body) = ledger(cluster, follower, "?periods=100000").await;
+    assert_eq!(
+        (status, body["field"].clone()),
+        (400, serde_json::json!("periods")),
+        "{body}"
+    );
+    let (status, body) = ledger(cluster, follower, "?bogus=1").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().is_some_and(|e| e.contains("bogus")),
+        "{body}"
+    );
+    drop(load.stop().await);
 }
 
 /// The cap the coordinator states (`live::MAX_EVENT_STREAMS`), as the 503

@@ -465,3 +465,114 @@ async fn a_failed_region_lapses_to_its_fallback_and_the_drill_outlives_its_leade
     }
     report_agrees(report, "api|strict", &strict_windows, &["east", "west"]);
 }
+
+/// Domain `api`, one global sliding-window-counter rule `sw` of `limit`
+/// per 2 s, `partition: strict`, failing closed.
+fn sliding_rule(limit: u64) -> String {
+    format!(
+        "domain: api
+descriptors:
+  - key: sw
+    scope: global
+    fail_mode: closed
+    fallback: 0.5
+    algorithm: sliding_window_counter
+    period: 2s
+    rate_limit:
+      name: sw
+      requests_per_unit: {limit}
+"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sliding_counter_drill_reports_each_periods_world_figure_as_the_test_counted_it() {
+    let period = Duration::from_secs(2);
+    let world = World::start(&sliding_rule(L), &["east", "west"]).await;
+    // 160 a period asked in each region against L = 200 world-wide.
+    let load = Load::start(&world, "api", "sw", "acme", &[80, 80]);
+    world
+        .wait_allocated("api|sw", Duration::from_secs(20))
+        .await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let (status, body) = world
+        .start_drill(json!({ "region": "east", "mode": "drain", "duration": "8s" }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let id = body["drill"].as_u64().expect("drill id");
+    let done = wait_finished(&world, id, Duration::from_secs(60)).await;
+    eprintln!("{}", done["markdown"].as_str().unwrap_or_default());
+    let records = load.stop().await;
+    let report = &done["report"];
+    // Each admitted decision in the window its reset time places it in
+    // (a sliding counter's count expires one period after its window).
+    let period_ms = period.as_millis() as i64;
+    let ours: BTreeMap<i64, Vec<u64>> = admitted_per_window(&records, period, true, 2)
+        .into_iter()
+        .map(|(w, v)| (w as i64 * period_ms, v))
+        .collect();
+
+    let windows = report["figures"]["windows"].as_array().expect("windows");
+    let mut compared = 0;
+    for w in windows.iter().filter(|w| w["rule"] == json!("api|sw")) {
+        assert_eq!(w["measured"], json!("ledger"), "{w}");
+        assert_eq!(w["period_ms"], json!(2_000), "{w}");
+        assert_eq!(
+            (w["limit"].as_u64(), w["bound"].as_u64()),
+            (Some(L), Some(L)),
+            "{w}"
+        );
+        assert!(
+            w["bound_is"]
+                .as_str()
+                .is_some_and(|b| b.contains("sliding_window_counter")),
+            "{w}"
+        );
+        let start = w["start_ms"].as_i64().expect("start");
+        let total = w["total"].as_u64().expect("total");
+        assert!(
+            total <= L,
+            "strict: the period at {start} admitted {total}: {w}"
+        );
+        if w["partial"] == json!(true) {
+            continue;
+        }
+        let Some(counted) = ours.get(&start) else {
+            continue;
+        };
+        for (i, region) in ["east", "west"].iter().enumerate() {
+            let theirs = w["admitted"][region].as_u64().unwrap_or(0);
+            assert!(
+                theirs.abs_diff(counted[i]) <= TOLERANCE,
+                "period at {start}: {region} reported {theirs}, the test counted {}",
+                counted[i]
+            );
+        }
+        compared += 1;
+    }
+    assert!(
+        compared >= 3,
+        "only {compared} periods of the sliding rule compared: {windows:?}"
+    );
+    let worst = &report["figures"]["worst_window"];
+    assert!(
+        worst["value"]["over_bound"]
+            .as_i64()
+            .is_some_and(|o| o <= 0),
+        "{worst}"
+    );
+    assert!(
+        worst["how"]
+            .as_str()
+            .is_some_and(|h| h.contains("clock-aligned rule period")),
+        "{worst}"
+    );
+    // The test's own count holds the same bound in every period.
+    for (start, per_region) in &ours {
+        let total: u64 = per_region.iter().sum();
+        assert!(
+            total <= L,
+            "the test counted {total} in the period at {start}"
+        );
+    }
+}

@@ -50,6 +50,7 @@ mod redis_maxmemory;
 mod redis_sentinel;
 mod redis_store;
 mod report_bounds;
+mod report_interval;
 mod rules_cli;
 mod tracing_otlp;
 mod watch_bounds;

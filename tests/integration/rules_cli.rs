@@ -309,3 +309,41 @@ fn check_refuses_deep_nesting_with_exit_2_not_a_crash() {
         );
     }
 }
+
+/// Keys that start with a tag or an anchor, aliases and flow collections as
+/// keys, and indented `---` text: 10,000 levels of each, every line two
+/// deeper than the last. Before the pre-scan counted a key's map at its
+/// first token, each of these overflowed the parser's stack (exit 134,
+/// "has overflowed its stack"; issue 28) instead of a clear refusal.
+#[test]
+fn check_refuses_deep_tagged_anchored_and_flow_keys_not_a_crash() {
+    let dir = Dir::new();
+    let nested = |head: &str, line: &dyn Fn(usize) -> String| {
+        let mut text = format!("domain: api\n{head}descriptors:\n");
+        for i in 0..10_000 {
+            text.push_str(&" ".repeat(2 * i + 2));
+            text.push_str(&line(i));
+            text.push('\n');
+        }
+        text
+    };
+    for (construct, text) in [
+        ("tagged key", nested("", &|_| "!a k:".into())),
+        ("anchored key", nested("", &|i| format!("&a{i} k:"))),
+        ("tagged quoted key", nested("", &|_| "!a \"k\":".into())),
+        ("alias key", nested("anchor: &a x\n", &|_| "*a :".into())),
+        ("flow list key", nested("", &|_| "[a]:".into())),
+        ("flow map key", nested("", &|_| "{a: b}:".into())),
+        ("indented ---", nested("", &|_| "--- k:".into())),
+    ] {
+        let file = dir.write("deep.yaml", &text);
+        let out = meridian(&["rules", "check", p(&file)]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{construct}: {err}");
+        assert!(
+            err.starts_with(&format!("{}:", p(&file)))
+                && err.contains(": yaml: nested 65 levels deep here; at most 64"),
+            "{construct}: {err}"
+        );
+    }
+}

@@ -2,12 +2,13 @@
 //!
 //! Pure: [`observe`] takes the drill record (what earlier observations,
 //! perhaps by an earlier leader, already recorded), the applied allocations,
-//! the hits and window use this leader has counted, and the time, and
-//! returns the events to commit. Everything it decides from the record and
-//! the allocations is replicated, so a new leader neither repeats nor skips
-//! an event; only hits and window use are the leader's own (counted from
-//! the reports that reach it), and a new leader notes itself with
-//! [`What::LeaderChanged`] so the report says where counting restarted.
+//! the hits, window use and ledger periods this leader has counted, and
+//! the time, and returns the events to commit. Everything it decides from
+//! the record and the allocations is replicated, so a new leader neither
+//! repeats nor skips an event; only hits, window use and the ledger's
+//! periods are the leader's own (counted from the reports that reach it),
+//! and a new leader notes itself with [`What::LeaderChanged`] so the report
+//! says where counting restarted.
 
 use std::collections::BTreeMap;
 
@@ -61,8 +62,11 @@ pub struct Heard {
 pub struct LedgerPeriod {
     /// The busiest key's admitted hits per region.
     pub admitted: BTreeMap<String, u64>,
+    /// `L` then.
     pub limit: u64,
+    /// The stated bound then (`Terms::bound`).
     pub bound: u64,
+    /// Pods whose counts are in it.
     pub pods: u32,
     /// Every pod counted was heard after the period ended.
     pub complete: bool,
@@ -72,8 +76,11 @@ pub struct LedgerPeriod {
 /// its finished periods by start.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LedgerRule {
+    /// The rule's period (its baseline has none: it is not counted).
     pub period_ms: u64,
+    /// The bound in words (`Terms::bound_is`).
     pub bound_is: String,
+    /// Finished periods by start.
     pub periods: BTreeMap<Millis, LedgerPeriod>,
 }
 

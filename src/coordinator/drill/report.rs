@@ -547,7 +547,6 @@ pub fn markdown(r: &Report) -> String {
     );
     if !f.windows.is_empty() {
         let _ = writeln!(s, "\n## Windows\n");
-        let _ = writeln!(s, "_{WINDOWS_HOW}_\n");
         let _ = writeln!(
             s,
             "| rule | window start | admitted | L | bound | per region | measured |"

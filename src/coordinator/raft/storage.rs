@@ -64,6 +64,15 @@
 //!
 //! All disk work runs in `spawn_blocking`, so the runtime's workers never wait
 //! on the disk.
+//!
+//! ## A store that should be here
+//! Beside the database, [`marker::FILE`] records that a store was created in
+//! this data dir and, once one was stored, that the node voted. [`open`]
+//! refuses a dir whose record says so but whose store is missing, empty,
+//! unversioned or without a vote ([`DiskError::StoreLost`]), rather than
+//! start a node that forgot its log and vote (see `marker`).
+
+mod marker;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -71,7 +80,7 @@ use std::io::{self, Cursor};
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine};
 use openraft::{
@@ -141,6 +150,30 @@ pub enum DiskError {
     /// A format header that cannot be read at all.
     #[error("{what}: {reason}")]
     BadHeader { what: String, reason: String },
+    /// A file of the data dir other than the database.
+    #[error("{path}: {source}")]
+    Io { path: String, source: io::Error },
+    /// The data dir's record says a store was created here (and maybe that
+    /// the node voted), but the store is not that store. Starting on it would
+    /// make a member that forgot its log and vote.
+    #[error(
+        "{record} (written {created}) says a store was created in this data dir{voted}, but \
+         {found}. Starting on it would make this node a new, empty member: it would forget \
+         its log and its vote (so it could vote twice in one term, which breaks Raft's \
+         safety), and with --init bootstrap a second cluster under a new id; it is refused \
+         with or without --init. Restore {DB_FILE} from a backup of this node; or, to start \
+         this node over deliberately, remove it from the cluster (meridian ctl cluster remove \
+         ID), move this data dir away, and start it on a new, empty --data-dir with --join",
+        record = marker::FILE,
+        created = crate::clock::utc_text(*created_unix_ms),
+        voted = if *voted { " and that this node voted" } else { "" }
+    )]
+    StoreLost {
+        /// What was found instead, as the message says it.
+        found: String,
+        created_unix_ms: i64,
+        voted: bool,
+    },
 }
 
 macro_rules! redb_from {
@@ -227,7 +260,38 @@ fn put_meta_with<T: Serialize>(
 /// dir in a storage format this build does not know
 /// ([`DiskError::UnknownFormat`]).
 pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), DiskError> {
-    let db = Arc::new(Database::create(dir.join(DB_FILE))?);
+    let io = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| DiskError::Io { path, source }
+    };
+    let record = marker::read(dir).map_err(io(&dir.join(marker::FILE)))?;
+    let lost = |found: &str| {
+        let r = record.unwrap_or(marker::Record {
+            created_unix_ms: 0,
+            voted: false,
+        });
+        DiskError::StoreLost {
+            found: found.to_owned(),
+            created_unix_ms: r.created_unix_ms,
+            voted: r.voted,
+        }
+    };
+    let path = dir.join(DB_FILE);
+    // Before redb opens it: it would create a missing file and initialise an
+    // empty one, and the dir is to be left as it was found.
+    if record.is_some() {
+        match std::fs::metadata(&path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(lost(&format!("no {DB_FILE} is here")));
+            }
+            Err(e) => return Err(io(&path)(e)),
+            Ok(m) if m.len() == 0 => {
+                return Err(lost(&format!("{DB_FILE} is empty (0 bytes)")));
+            }
+            Ok(_) => {}
+        }
+    }
+    let db = Arc::new(Database::create(&path)?);
     let txn = db.begin_write()?;
     // The version first: another format may have other tables, or the same
     // names with other key types, which opening would trip over.
@@ -241,6 +305,22 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), DiskError> {
             found,
             known: KNOWN_FORMATS,
         });
+    }
+    // Every store this build creates records its format before the record
+    // is written, and a format is never removed: without one, this is not
+    // the store created here.
+    let has_vote = txn.open_table(META)?.get("vote")?.is_some();
+    let refused = match record {
+        Some(_) if recorded.is_none() => Some(lost(&format!(
+            "{DB_FILE} holds no storage format (an empty store, or one written before \
+             formats were versioned): it is not the store created here"
+        ))),
+        Some(r) if r.voted && !has_vote => Some(lost(&format!("{DB_FILE} holds no vote"))),
+        _ => None,
+    };
+    if let Some(refused) = refused {
+        txn.abort()?;
+        return Err(refused);
     }
     // Create every table up front so that read transactions never meet a
     // missing one.
@@ -281,12 +361,24 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), DiskError> {
     }
     drop((log, versions, sm_meta, sm_drills, meta));
     txn.commit()?;
+    // After the commit above (durable): the record never describes a store
+    // that is not on disk yet.
+    let record = match record {
+        Some(r) if r.voted || !has_vote => r,
+        Some(r) => write_record(dir, r.created_unix_ms, true)?,
+        None => write_record(dir, crate::clock::now_unix_ms(), has_vote)?,
+    };
     let applied = load_applied(&db)?;
     let (published, _) = watch::channel(Arc::new(applied.clone()));
     Ok((
         LogStore {
             db: Arc::clone(&db),
             committed: Arc::new(AtomicU64::new(0)),
+            record: Arc::new(VoteRecord {
+                dir: dir.to_path_buf(),
+                created_unix_ms: record.created_unix_ms,
+                voted: AtomicBool::new(record.voted),
+            }),
         },
         StateMachineStore {
             db,
@@ -294,6 +386,23 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), DiskError> {
             published,
         },
     ))
+}
+
+/// Writes the data dir's record of its store (see `marker`).
+fn write_record(
+    dir: &Path,
+    created_unix_ms: i64,
+    voted: bool,
+) -> Result<marker::Record, DiskError> {
+    let record = marker::Record {
+        created_unix_ms,
+        voted,
+    };
+    marker::write(dir, record).map_err(|source| DiskError::Io {
+        path: dir.join(marker::FILE).display().to_string(),
+        source,
+    })?;
+    Ok(record)
 }
 
 /// The data dir's recorded format version; `None` when it records none (a
@@ -323,6 +432,18 @@ pub struct LogStore {
     /// Last committed index openraft saved (0 before any), for status and
     /// metrics; openraft keeps its own copy, this one is read-only elsewhere.
     committed: Arc<AtomicU64>,
+    /// The data dir's record, rewritten once, after the first vote is stored.
+    record: Arc<VoteRecord>,
+}
+
+/// What [`LogStore::save_vote`] needs to note the first vote in the data
+/// dir's record (see `marker`).
+struct VoteRecord {
+    dir: std::path::PathBuf,
+    created_unix_ms: i64,
+    /// Set once the record says so; only `save_vote` (one at a time: openraft
+    /// calls the log store from one task) writes it.
+    voted: AtomicBool,
 }
 
 impl LogStore {
@@ -379,8 +500,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
         let vote = *vote;
+        let record = Arc::clone(&self.record);
         blocking(&self.db, ErrorSubject::Vote, ErrorVerb::Write, move |db| {
-            put_meta(db, META, "vote", &vote)
+            put_meta(db, META, "vote", &vote)?;
+            // After the vote is durable: from now on a store without one is
+            // refused. Once per data dir, so votes cost no extra fsync.
+            if !record.voted.load(Ordering::Relaxed) {
+                write_record(&record.dir, record.created_unix_ms, true)?;
+                record.voted.store(true, Ordering::Relaxed);
+            }
+            Ok(())
         })
         .await
     }
@@ -1313,8 +1442,9 @@ mod tests {
     }
 
     /// A data dir as a version-1 build leaves it: the v1 fixture's state and
-    /// snapshot, no `sm_meta.cluster_id`, and `format_version` 1 (`None`: not
-    /// recorded, as before formats were versioned).
+    /// snapshot, no `sm_meta.cluster_id`, no record of its store, and
+    /// `format_version` 1 (`None`: not recorded, as before formats were
+    /// versioned).
     async fn version_1_dir(format: Option<u32>) -> tempfile::TempDir {
         let dir = tempfile::tempdir().expect("temp dir");
         {
@@ -1341,6 +1471,8 @@ mod tests {
             dir.path(),
             format.map(u32::to_le_bytes).as_ref().map(|b| &b[..]),
         );
+        // A version-1 build kept no record of its store.
+        std::fs::remove_file(dir.path().join(marker::FILE)).expect("remove the record");
         dir
     }
 
@@ -1409,6 +1541,93 @@ mod tests {
             panic!("an unreadable version must be refused");
         };
         assert!(err.to_string().contains("expected 4"), "{err}");
+    }
+
+    /// Whether `open` refused `dir` as a data dir whose store was lost,
+    /// with a message that says what was found and how to start over.
+    fn refused_as_lost(dir: &Path, found: &str) {
+        let Err(err) = open(dir) else {
+            panic!("{found}: a lost store must be refused");
+        };
+        let text = err.to_string();
+        for words in [
+            "coordinator.redb.created",
+            found,
+            "vote",
+            "--init",
+            "move this data dir away",
+        ] {
+            assert!(text.contains(words), "{words:?} missing: {text}");
+        }
+    }
+
+    /// Issue 28: a data dir whose `coordinator.redb` was emptied, removed or
+    /// replaced started as a brand-new node (no log, no vote, no
+    /// membership, no warning). Once a store was created here, each of
+    /// those is refused and the dir left as it was found.
+    #[test]
+    fn a_data_dir_that_held_a_store_refuses_it_missing_empty_or_unversioned() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        drop(open(dir.path()).expect("a new dir opens"));
+        let db = dir.path().join(DB_FILE);
+
+        std::fs::remove_file(&db).expect("remove the store");
+        refused_as_lost(dir.path(), "no coordinator.redb");
+        assert!(!db.exists(), "no new store is created in its place");
+
+        std::fs::File::create(&db).expect("an empty file");
+        refused_as_lost(dir.path(), "empty (0 bytes)");
+
+        std::fs::remove_file(&db).expect("remove");
+        drop(Database::create(&db).expect("an empty redb store"));
+        refused_as_lost(dir.path(), "holds no storage format");
+
+        // An unversioned store with data (a pre-format build's, restored
+        // from an old backup) is not the store created here either.
+        std::fs::remove_file(&db).expect("remove");
+        let other = tempfile::tempdir().expect("temp dir");
+        drop(open(other.path()).expect("open"));
+        set_format(other.path(), None);
+        put_meta(
+            &Database::create(other.path().join(DB_FILE)).expect("db"),
+            META,
+            "committed",
+            &None::<LogId>,
+        )
+        .expect("some data");
+        std::fs::copy(other.path().join(DB_FILE), &db).expect("copy");
+        refused_as_lost(dir.path(), "holds no storage format");
+    }
+
+    /// A store replaced by a fresh one of this build (format recorded, no
+    /// vote) loses the vote all the same: refused once a vote was stored.
+    #[tokio::test]
+    async fn a_data_dir_whose_node_voted_refuses_a_store_without_a_vote() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        {
+            let (mut log, _sm) = open(dir.path()).expect("open");
+            let vote = Vote::new(3, 1);
+            log.save_vote(&vote).await.expect("vote");
+        }
+        let fresh = tempfile::tempdir().expect("temp dir");
+        drop(open(fresh.path()).expect("open"));
+        std::fs::copy(fresh.path().join(DB_FILE), dir.path().join(DB_FILE)).expect("copy");
+        refused_as_lost(dir.path(), "holds no vote");
+        // A node that never voted (started, never joined) restarts as it was.
+        drop(open(fresh.path()).expect("a store without a vote, never voted"));
+    }
+
+    /// A genuinely new dir opens and records its store; a dir written before
+    /// the record existed (a store with data, no record) opens and gains it.
+    #[tokio::test]
+    async fn new_and_older_data_dirs_open_and_record_their_store() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        drop(open(dir.path()).expect("a new dir opens"));
+        assert!(dir.path().join("coordinator.redb.created").exists());
+        let old = version_1_dir(Some(1)).await;
+        assert!(!old.path().join("coordinator.redb.created").exists());
+        drop(open(old.path()).expect("an older dir opens"));
+        assert!(old.path().join("coordinator.redb.created").exists());
     }
 
     struct RedbBuilder;

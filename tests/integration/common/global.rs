@@ -289,6 +289,21 @@ pub async fn limiter_epoch(limiter: &LimiterProcess) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
+/// The first sample of the unlabelled-or-labelled series `name` on a
+/// limiter's /metrics (`None`: no answer, or no such series yet).
+pub async fn limiter_gauge(limiter: &LimiterProcess, name: &str) -> Option<f64> {
+    let r = super::http_get(limiter.http_url("/metrics")).await.ok()?;
+    let text = r.text().await.ok()?;
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?;
+        let value = match rest.strip_prefix('{') {
+            Some(labelled) => labelled.split_once("} ")?.1,
+            None => rest.strip_prefix(' ')?,
+        };
+        value.trim().parse::<f64>().ok()
+    })
+}
+
 /// Commit-to-limiter times (ms) of the next `n` epochs region `region`
 /// applies within `within`: when its /metrics first shows the epoch, minus
 /// the epoch's timestamp (set by the leader before proposing, so Raft's
