@@ -102,7 +102,11 @@ fn a_dead_regions_share_returns_within_lease_hold_and_a_round() {
     let fail_at = 3_600_000;
     let catch_up = m.catch_up_ms(&[fail_at]);
     match catch_up.first().copied().flatten() {
-        Some(ms) => assert!(ms <= 300_000, "caught up after {} s, not within 300 s", ms / 1000),
+        Some(ms) => assert!(
+            ms <= 300_000,
+            "caught up after {} s, not within 300 s",
+            ms / 1000
+        ),
         None => panic!("never caught up after the region failed"),
     }
     assert_fewer_false_rejections(&r, &[Strategy::Static, Strategy::Proportional]);

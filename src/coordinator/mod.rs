@@ -277,7 +277,9 @@ impl CoordinatorArgs {
 pub enum RunError {
     #[error("configuration: {0}")]
     Config(String),
-    #[error("data dir {dir}: {source}")]
+    /// The source is printed as the cause (`main` prints the chain), so the
+    /// message names it once.
+    #[error("data dir {dir}")]
     Storage {
         dir: PathBuf,
         source: raft::storage::DiskError,

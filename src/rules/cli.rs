@@ -28,7 +28,7 @@ enum RulesCommand {
     /// Files use envoyproxy/ratelimit's format (`domain`, nested `descriptors`
     /// with `key`, `value`, `rate_limit`) plus Meridian's fields beside
     /// `rate_limit` (algorithm, burst, period, fail_mode, scope, accuracy,
-    /// sync_interval, max_batch, split, partition, fallback, fallback_hold). All files are
+    /// sync_interval, max_batch, split, partition, fallback, fallback_hold, confirm_ban). All files are
     /// checked together: a domain may be defined in only one of them.
     Check {
         /// Rule files (YAML).

@@ -407,26 +407,19 @@ async fn an_emptied_store_is_refused_with_or_without_init() {
 
     let store = data_dir.join("coordinator.redb");
     let logs = tempfile::tempdir().expect("temp dir");
-    let empty_store = |path: &std::path::Path| {
-        std::fs::remove_file(path).expect("remove the store");
-        drop(redb::Database::create(path).expect("an empty redb store"));
-    };
-    let damages: [(&str, &dyn Fn(&std::path::Path), &str); 2] = [
-        (
-            "truncated",
-            &|p| {
-                std::fs::File::create(p).expect("truncate");
-            },
-            "coordinator.redb is empty (0 bytes)",
-        ),
+    for (damage, found) in [
+        ("truncated", "coordinator.redb is empty (0 bytes)"),
         (
             "replaced by an empty store",
-            &empty_store,
             "coordinator.redb holds no storage format",
         ),
-    ];
-    for (damage, apply, found) in damages {
-        apply(&store);
+    ] {
+        if damage == "truncated" {
+            std::fs::File::create(&store).expect("truncate the store");
+        } else {
+            std::fs::remove_file(&store).expect("remove the store");
+            drop(redb::Database::create(&store).expect("an empty redb store"));
+        }
         for (how, argv) in [("--init", &with_init), ("no --init", &without_init)] {
             let (status, log) = run_to_exit(argv, &logs.path().join("refused.log"));
             assert!(!status.success(), "{damage}, {how}: started:\n{log}");
@@ -445,10 +438,27 @@ async fn an_emptied_store_is_refused_with_or_without_init() {
         }
     }
 
-    // Starting over deliberately: the dir moved away, a new empty one starts.
+    // Starting over deliberately: the dir moved away, a new empty one starts
+    // (and, as the only node with --init, elects itself).
     std::fs::rename(&data_dir, data_dir.with_extension("old")).expect("move the dir away");
-    cluster.restart(1);
-    let started = cluster.wait_leader(Duration::from_secs(20)).await;
-    assert_eq!(started, 1);
-    assert!(record.exists(), "the new store is recorded");
+    let mut fresh = std::process::Command::new(common::meridian_bin())
+        .args(&with_init)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn meridian coordinator");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let voted = loop {
+        if std::fs::read_to_string(&record).is_ok_and(|r| r.contains("voted=true")) {
+            break true;
+        }
+        if Instant::now() > deadline || fresh.try_wait().is_ok_and(|s| s.is_some()) {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let _ = fresh.kill();
+    let _ = fresh.wait();
+    assert!(voted, "a new, empty data dir must start and elect itself");
 }
