@@ -59,7 +59,7 @@ pub const TOP_UP_AT: f64 = 0.9;
 pub const TOP_UP_JUMP: f64 = 1.25;
 
 /// A rule's `fallback_hold` unless it says otherwise.
-pub const DEFAULT_FALLBACK_HOLD_MS: i64 = 60_000;
+pub const DEFAULT_FALLBACK_HOLD_MS: i64 = crate::rules::DEFAULT_FALLBACK_HOLD.as_millis() as i64;
 
 /// What a region whose lease ended at `valid_until_ms` may enforce at
 /// `now_ms` on its own clock, given what it holds (`value`), its `fallback`

@@ -32,8 +32,8 @@ use std::sync::Arc;
 pub use depth::{MAX_DEPTH, TooDeep, check_depth};
 pub use duration::{format_duration, parse_duration};
 pub use model::{
-    Accuracy, FailMode, LIMIT_ID_MARK, Partition, Resolved, Rule, RuleFile, Scope, Unit,
-    split_limit_id,
+    Accuracy, DEFAULT_FALLBACK_HOLD, FailMode, LIMIT_ID_MARK, Partition, Resolved, Rule, RuleFile,
+    Scope, Unit, split_limit_id,
 };
 
 /// String-keyed maps on the hot path: foldhash, not SipHash. Rule files are

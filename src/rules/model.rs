@@ -161,7 +161,7 @@ pub struct Rule {
     pub partition: Partition,
     /// Share of the static allocation kept when a global rule's lease lapses (0.0–1.0).
     pub fallback: f64,
-    /// How long a region whose lease lapsed keeps `fallback` before it steps
+    /// How long a region whose lease lapsed keeps `fallback` ([`DEFAULT_FALLBACK_HOLD`]) before it steps
     /// down to nothing (default 60 s); the coordinator re-grants the share
     /// then, so a dead region strands capacity for lease + hold, not for
     /// its whole outage.
@@ -345,3 +345,7 @@ impl Rule {
             .all(|level| level.contains('=') && !level.contains('*'))
     }
 }
+
+/// A global rule's `fallback_hold` unless it says otherwise: a dead
+/// region's fallback returns to the living a minute after its lease.
+pub const DEFAULT_FALLBACK_HOLD: std::time::Duration = std::time::Duration::from_secs(60);

@@ -848,9 +848,7 @@ impl Cx<'_> {
             split: 1,
             partition: Partition::default(),
             fallback: 0.5,
-            fallback_hold: Duration::from_millis(
-                crate::allocation::DEFAULT_FALLBACK_HOLD_MS as u64,
-            ),
+            fallback_hold: super::model::DEFAULT_FALLBACK_HOLD,
             confirm_ban: false,
             file: self.file.to_owned(),
             line: spec.line,
