@@ -16,7 +16,7 @@ use crate::store::key::MAX_KEY_LEN;
 pub const MAX_REPORT_RULES: usize = 1_000;
 /// Keys per rule and period a report may give admitted counts for (the
 /// ledger follows the busiest keys; the whole rule is one more entry).
-pub const MAX_ADMITTED_KEYS: usize = 16;
+pub const MAX_ADMITTED_KEYS: usize = crate::allocation::pod::ADMITTED_TOP_KEYS;
 /// Top-up requests in one report (a pod asks at most once a second per key).
 pub use crate::allocation::demand::MAX_REPORT_TOP_UPS;
 /// Hits one pod may report for one key or remainder in one interval: far
