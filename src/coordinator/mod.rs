@@ -154,6 +154,8 @@ pub struct CoordinatorArgs {
     pub round_lead: Option<Duration>,
     /// How long an allocation stays valid without renewal; a region cut off
     /// from every coordinator falls to its rules' fallback share after it.
+    /// At least three rounds (3 × --rebalance-interval): a lease is renewed
+    /// by the first round after half of it has passed.
     #[arg(long, default_value = "180s", value_parser = crate::rules::parse_duration)]
     pub lease: Duration,
     /// `partition: available` rules: silence after which a region's share
@@ -222,6 +224,19 @@ impl CoordinatorArgs {
             return Err(format!(
                 "--rebalance-interval {:?}: at least 100ms",
                 self.rebalance_interval
+            ));
+        }
+        let least =
+            crate::allocation::cadence::least_lease_ms(self.rebalance_interval.as_millis() as i64);
+        if (self.lease.as_millis() as i64) < least {
+            return Err(format!(
+                "--lease {:?} must span at least {} rounds of --rebalance-interval {:?} \
+                 (at least {:?}): a lease is renewed by the first round after half of it, \
+                 so a shorter one lapses between rounds and every region falls to its fallback",
+                self.lease,
+                crate::allocation::cadence::MIN_ROUNDS_PER_LEASE,
+                self.rebalance_interval,
+                Duration::from_millis(least as u64)
             ));
         }
         if self.suspect_after >= self.lease {
@@ -765,6 +780,44 @@ mod tests {
             peers[&2].http_addr,
             "meridian-coordinator-1.meridian-coordinator.meridian.svc:7902"
         );
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: CoordinatorArgs,
+    }
+
+    fn config(flags: &[&str]) -> Result<crate::allocation::leader::LeaderConfig, String> {
+        use clap::Parser;
+        let argv = [
+            "coordinator",
+            "--id",
+            "1",
+            "--data-dir",
+            "/nonexistent",
+            "--raft-addr",
+            "127.0.0.1:1",
+            "--http-addr",
+            "127.0.0.1:2",
+        ];
+        let cli = Cli::try_parse_from(argv.iter().chain(flags)).map_err(|e| e.to_string())?;
+        cli.args.allocator_config()
+    }
+
+    #[test]
+    fn a_lease_shorter_than_three_rounds_is_refused_naming_both_flags() {
+        // The default 60 s rounds renew a 60 s lease at its very end.
+        let refused = config(&["--lease", "60s"]).expect_err("60 s lease, 60 s rounds");
+        assert!(
+            refused.contains("--lease 60s must span at least 3 rounds of --rebalance-interval 60s (at least 180s)"),
+            "{refused}"
+        );
+        assert!(
+            config(&[]).is_ok(),
+            "the defaults (180 s, 60 s) are consistent"
+        );
+        assert!(config(&["--lease", "60s", "--rebalance-interval", "20s"]).is_ok());
     }
 
     #[test]

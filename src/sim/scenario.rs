@@ -597,6 +597,18 @@ impl RawScenario {
             60,
             "coordinator.rebalance_interval_s",
         )?;
+        let least = crate::allocation::cadence::least_lease_ms(rebalance_interval_ms);
+        c.ensure(
+            config.lease_ms >= least,
+            "coordinator.lease_s",
+            format!(
+                "{} s: must span at least {} rounds of rebalance_interval_s ({} s), \
+                 or leases lapse between the rounds that renew them",
+                config.lease_ms / 1000,
+                crate::allocation::cadence::MIN_ROUNDS_PER_LEASE,
+                least / 1000
+            ),
+        )?;
         let coordinator = CoordinatorSpec {
             rebalance_interval_ms,
             round_lead_ms: {
@@ -871,6 +883,23 @@ mod tests {
             field(scenario("report_interval_ms = 0")),
             "coordinator.report_interval_ms"
         );
+    }
+
+    #[test]
+    fn a_lease_shorter_than_three_rounds_is_refused_naming_both_settings() {
+        // 60 s rounds renew a 60 s lease at its very end: every region
+        // would fall to its fallback between rounds.
+        let refused = scenario("lease_s = 60").expect_err("60 s lease, 60 s rounds");
+        assert_eq!(refused.field, "coordinator.lease_s");
+        assert!(
+            refused
+                .reason
+                .contains("3 rounds of rebalance_interval_s (180 s)"),
+            "{}",
+            refused.reason
+        );
+        assert!(scenario("lease_s = 180").is_ok());
+        assert!(scenario("rebalance_interval_s = 20\nlease_s = 60").is_ok());
     }
 
     #[test]
