@@ -112,6 +112,67 @@ fn a_dead_regions_share_returns_within_lease_hold_and_a_round() {
     assert_fewer_false_rejections(&r, &[Strategy::Static, Strategy::Proportional]);
 }
 
+/// Two regions swap an 80/20 mix of 2 L at a window's start, 1 s and 2 s
+/// into it: the region that gains demand is granted, in the window,
+/// what the other has not used. Found by the real two-region swing: a key
+/// entry dropped in the round that grew it in-window left the region's pods
+/// on the old value until the boundary (44 % of L in the swing window).
+#[test]
+fn a_swing_inside_a_window_is_regranted_in_that_window() {
+    for at_s in [16, 17, 18] {
+        let toml = format!(
+            r#"
+name = "swing"
+duration_s = 28
+step_ms = 100
+
+[rule]
+algorithm = "fixed_window"
+limit = 200
+period_s = 4
+partition = "strict"
+
+[coordinator]
+rebalance_interval_s = 2
+
+[[region]]
+name = "mumbai"
+latency_ms = 5
+
+[[region]]
+name = "hyderabad"
+latency_ms = 5
+
+[traffic]
+customers = 1
+rate = 100.0
+mix = {{ mumbai = 0.8, hyderabad = 0.2 }}
+
+[[traffic.shift]]
+at_s = {at_s}
+mix = {{ mumbai = 0.2, hyderabad = 0.8 }}
+"#
+        );
+        let s = match Scenario::parse("swing.toml", &toml) {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        };
+        let r = simulate(s, 1, &mut |_| {});
+        assert_bounds(&r);
+        let m = of(&r, Strategy::Meridian);
+        let swing = m
+            .windows
+            .iter()
+            .find(|w| w.start_ms == 16_000)
+            .expect("the swing window");
+        assert!(
+            swing.admitted * 100 >= 80 * 200,
+            "swing at {at_s} s: the swing window admitted {} of 200",
+            swing.admitted
+        );
+    }
+}
+
 #[test]
 fn a_strict_partition_adds_nothing() {
     let r = run(short("partition-strict", 90));

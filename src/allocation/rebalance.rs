@@ -448,14 +448,24 @@ fn step_rule(
     // An entry equal to the split in every region, with nothing
     // unacknowledged, is the split: drop it.
     keys.retain(|_, entry| {
-        let matches_split = names.iter().all(|n| {
+        let matches_split = names.iter().enumerate().all(|(i, n)| {
             let e = entry.shares.get(*n).copied().unwrap_or_default();
             let s = rule.split.get(*n).copied().unwrap_or_default();
             // Neither grew this window: a pod that starts now and has only
             // the split to go by must not take more than the key had when
             // the window began (see `Slot::before`).
             let settled = e.before_until_ms <= round.now_ms && s.before_until_ms <= round.now_ms;
-            e.granted == s.granted && e.target == s.target && e.bound == e.granted && settled
+            // The region holds the entry's last value: dropped in the round
+            // that changed it, the pods would keep the value before (a grow
+            // granted in-window would wait for the boundary there while the
+            // centre counts it in force) — a live region's pods first apply
+            // it, then the entry goes. A lapsed region holds nothing to match.
+            let held = view.lapsed[i] || acked.get(n).is_some_and(|a| *a >= e.since);
+            e.granted == s.granted
+                && e.target == s.target
+                && e.bound == e.granted
+                && settled
+                && held
         });
         let demanded = entry.demand.values().any(|d| *d > 0.0);
         demanded || !matches_split
