@@ -6,13 +6,18 @@
 //! - A swing of demand from 80/20 to 20/80 between the regions, run again
 //!   and again with the limiters on their defaults (no `--report-interval`):
 //!   the world never admits more than L in a window; the runs use at least
-//!   90 % of their capacity on average and no run less than 78 % (before the
-//!   estimator fix, demand read 0 in rounds without a report and the split
-//!   flapped: 87.6 % on average, 72 % in the worst run). The issue's goal —
+//!   94 % of their capacity on average, no run less than 85 %, and the window
+//!   carrying the swing admits at least 70 % of L. Before the estimator fix
+//!   demand read 0 in rounds without a report and the split flapped (87.6 %
+//!   on average, 72 % in the worst run); before the in-window re-grant
+//!   reached the pods, the swing window admitted 45 % of L when the swing
+//!   came at its start. Measured after both (10 runs): 92.2–100 % per run,
+//!   98.5 % on average, the swing window 85–100 % of L. The issue's goal —
 //!   every run ≥ 95 % and every window that asked for L ≥ 80 % of it — is
-//!   printed per run but not yet met: a grow granted after the shrink's
-//!   acknowledgement waits for the next window boundary (issue 27, item 2),
-//!   so the window carrying the swing admits 45–80 % of L in some runs.
+//!   printed per run: what still falls short is a swing late in a window,
+//!   where the shrinking region has already used more than its new share's
+//!   pace allows, so its shrink (and the other's grow) waits for the
+//!   boundary.
 //! - Every limiter of one region killed with SIGKILL under load: once the
 //!   dead region's lease and its `fallback_hold` have run out, the other
 //!   region is granted the capacity it freed, and the world still never
@@ -122,6 +127,8 @@ struct Run {
     worst_share: f64,
     /// The most any window of the run admitted world-wide.
     most: u64,
+    /// What the window carrying the swing admitted, as a share of L.
+    swing_share: f64,
 }
 
 /// Demand 2 L per period, 80/20 between the regions for two windows, then
@@ -226,12 +233,16 @@ async fn swing_80_20_to_20_80_uses_most_capacity_with_limiters_on_defaults() {
         let (mut used, mut capacity) = (0u64, 0u64);
         let mut worst_share = f64::MAX;
         let mut most = 0;
+        let mut swing_share = 0.0;
         let mut lines = Vec::new();
         for w in first..end {
             let per_region = admitted.get(&w).cloned().unwrap_or_else(|| vec![0, 0]);
             let total: u64 = per_region.iter().sum();
             let asked = demand.get(&w).copied().unwrap_or(0);
             most = most.max(total);
+            if w == swing_window {
+                swing_share = total as f64 / L as f64;
+            }
             let tag = match w {
                 w if w == first => " (new key, not counted)",
                 w if w == swing_window => " (swing)",
@@ -298,6 +309,7 @@ async fn swing_80_20_to_20_80_uses_most_capacity_with_limiters_on_defaults() {
             capacity: share,
             worst_share,
             most,
+            swing_share,
         });
     }
     watcher.abort();
@@ -316,17 +328,23 @@ async fn swing_80_20_to_20_80_uses_most_capacity_with_limiters_on_defaults() {
     );
     eprintln!("short of the issue's goals:\n{}", shortfalls.join("\n"));
     let mean = runs.iter().map(|r| r.capacity).sum::<f64>() / runs.len().max(1) as f64;
-    if mean < 0.90 {
+    if mean < 0.94 {
         failures.push(format!(
-            "the runs used {:.1} % of capacity on average (< 90 %)",
+            "the runs used {:.1} % of capacity on average (< 94 %)",
             mean * 100.0
         ));
     }
     for (run, r) in runs.iter().enumerate() {
-        if r.capacity < 0.78 {
+        if r.capacity < 0.85 {
             failures.push(format!(
-                "run {run}: used {:.1} % of capacity (< 78 %)",
+                "run {run}: used {:.1} % of capacity (< 85 %)",
                 r.capacity * 100.0
+            ));
+        }
+        if r.swing_share < 0.7 {
+            failures.push(format!(
+                "run {run}: the swing window admitted {:.0} % of L (< 70 %): the in-window re-grant did not reach the pods",
+                r.swing_share * 100.0
             ));
         }
     }
