@@ -65,9 +65,17 @@ pub struct LimiterArgs {
 
     /// With --coordinator: where the last rules received are kept (0600), so a
     /// restart while no coordinator answers still enforces them, together
-    /// with the id of the cluster they came from.
-    #[arg(long, value_name = "FILE", default_value = "meridian-rules-cache.json")]
-    pub rules_cache: PathBuf,
+    /// with the id of the cluster they came from. Default:
+    /// `<--state-dir>/rules-cache-<region>[-<pod-id>].json`, one per region
+    /// (and per --pod-id), so two limiters started from one directory never
+    /// share one.
+    #[arg(long, value_name = "FILE")]
+    pub rules_cache: Option<PathBuf>,
+
+    /// Where a limiter keeps its state (the rules cache) unless --rules-cache
+    /// names a file; created 0700 if missing.
+    #[arg(long, value_name = "DIR", default_value = "meridian-state")]
+    pub state_dir: PathBuf,
 
     /// With --coordinator: take rules only from the cluster with this id (32
     /// hex digits; GET /api/v1/cluster on a coordinator shows it). Without
@@ -248,25 +256,28 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
         applied_index: 0,
         cluster_id: args.cluster_id,
     };
+    // Rules from files keep no cache (and create no state dir).
+    let rules_cache = if args.coordinator.is_empty() {
+        PathBuf::new()
+    } else {
+        rules_cache_path(&args)?
+    };
     let rules = if args.coordinator.is_empty() {
         Arc::new(RuleSource::from_files(args.config.clone())?)
     } else {
         let source = Arc::new(RuleSource::awaiting());
-        if let Some(mut cached) = rule_feed::load_cache(&args.rules_cache) {
+        if let Some(mut cached) = rule_feed::load_cache(&rules_cache) {
             match (cached.cluster_id, args.cluster_id) {
                 (Some(cached_id), Some(flag)) if cached_id != flag => anyhow::bail!(
                     "rules cache {} holds the rules of cluster {cached_id}, but --cluster-id is \
                      {flag}: fix --cluster-id, or remove the cache to start without rules",
-                    args.rules_cache.display()
+                    rules_cache.display()
                 ),
                 (None, flag) => cached.cluster_id = flag,
                 _ => {}
             }
             rule_feed::apply(&source, &cached).with_context(|| {
-                format!(
-                    "rules cache {} holds invalid rules",
-                    args.rules_cache.display()
-                )
+                format!("rules cache {} holds invalid rules", rules_cache.display())
             })?;
             tracing::info!(
                 version = cached.enforce.as_ref().map(|v| v.number),
@@ -378,7 +389,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
                 coordinators: args.coordinator.clone(),
                 region: args.region.clone(),
                 pod: pod.clone(),
-                cache: args.rules_cache.clone(),
+                cache: rules_cache.clone(),
                 global: global.clone(),
                 held: std::sync::Mutex::new(held),
                 transport: transport.clone().unwrap_or(crate::tls::Transport::Plain),
@@ -509,9 +520,96 @@ async fn open_lane_later(limiter: Arc<Service>, index: usize) {
     }
 }
 
+/// `--rules-cache`, or one file per region (and `--pod-id`) under
+/// `--state-dir`, created 0700: rules name customers and their limits.
+fn rules_cache_path(args: &LimiterArgs) -> anyhow::Result<PathBuf> {
+    if let Some(path) = &args.rules_cache {
+        return Ok(path.clone());
+    }
+    let dir = &args.state_dir;
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder
+        .create(dir)
+        .with_context(|| format!("creating --state-dir {}", dir.display()))?;
+    // A pod id is free text; the file name keeps what a path may hold.
+    let pod = args.pod_id.as_deref().map(|p| {
+        let safe: String = p
+            .chars()
+            .map(|c| match c {
+                'a'..='z' | 'A'..='Z' | '0'..='9' | '-' | '_' | '.' => c,
+                _ => '_',
+            })
+            .collect();
+        format!("-{safe}")
+    });
+    Ok(dir.join(format!(
+        "rules-cache-{}{}.json",
+        args.region,
+        pod.unwrap_or_default()
+    )))
+}
+
 fn default_pod_id() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "pod".into());
     format!("{host}-{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: LimiterArgs,
+    }
+
+    fn args(flags: &[&str]) -> LimiterArgs {
+        use clap::Parser;
+        let argv = ["limiter", "--coordinator", "http://127.0.0.1:1"];
+        match Cli::try_parse_from(argv.iter().chain(flags)) {
+            Ok(cli) => cli.args,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn two_limiters_started_from_one_directory_keep_one_rules_cache_each() {
+        // The audit: two regions on one host shared (and overwrote) one
+        // meridian-rules-cache.json in the working directory.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("state");
+        let state = state.to_str().expect("utf-8 path");
+        let path = |flags: &[&str]| {
+            let mut all = vec!["--state-dir", state];
+            all.extend_from_slice(flags);
+            rules_cache_path(&args(&all)).expect("path")
+        };
+        let mumbai = path(&["--region", "mumbai"]);
+        let hyderabad = path(&["--region", "hyderabad"]);
+        assert_ne!(mumbai, hyderabad);
+        assert_eq!(mumbai, dir.path().join("state/rules-cache-mumbai.json"));
+        let pod = path(&["--region", "mumbai", "--pod-id", "web-0/x y"]);
+        assert_eq!(
+            pod,
+            dir.path().join("state/rules-cache-mumbai-web-0_x_y.json")
+        );
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.path().join("state"))
+                .expect("state dir")
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o700, "the state dir is private");
+        }
+        // A file named by the operator is used as given.
+        let named = rules_cache_path(&args(&["--region", "a", "--rules-cache", "/x/c.json"]));
+        assert_eq!(named.expect("path"), PathBuf::from("/x/c.json"));
+    }
 }

@@ -221,7 +221,11 @@ pub fn load_cache(path: &Path) -> Option<Selection> {
 /// the old cache or the new one, never half of one. The file is 0600.
 pub fn save_cache(path: &Path, selection: &Selection) -> std::io::Result<()> {
     use std::io::Write;
-    let tmp = path.with_extension("tmp");
+    // Per process: two limiters pointed at one file never write one temp
+    // file at once (the rename keeps whichever finished last, whole).
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    let tmp = PathBuf::from(tmp);
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
     // Rules name customers and their limits: readable by this user only.
@@ -303,7 +307,10 @@ impl Feed {
                         following = %held,
                         sent = %sent.map_or_else(|| "none".to_string(), |id| id.to_string()),
                         error = %e,
-                        "not following this coordinator: it is of another cluster"
+                        cache = %self.cache.display(),
+                        "not following this coordinator: it is of another cluster; if that \
+                         cluster replaced the old one on purpose, stop this limiter, remove its \
+                         rules cache (or pass --cluster-id with the new id) and start it again"
                     ),
                     _ => {
                         tracing::warn!(%url, error = %e, "not following this coordinator; keeping the last rules")
