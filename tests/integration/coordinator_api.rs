@@ -587,3 +587,41 @@ async fn bans_of_a_key_space_need_confirm_ban_on_put_and_rollback() {
         .await;
     assert_eq!(status, 200, "a confirmed ban rolls back: {answer}");
 }
+
+/// Issue 28, item 9: `--insecure` was checked against loopback only at
+/// start, so a member on another host was accepted and replicated to in
+/// plaintext.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insecure_cluster_refuses_a_member_off_loopback_naming_the_field() {
+    let cluster = Cluster::start(1, Options::default()).await;
+    let leader = cluster.wait_leader(Duration::from_secs(20)).await;
+    for (field, body) in [
+        (
+            "raft_addr",
+            json!({"id": 7, "raft_addr": "10.20.30.40:7001", "http_addr": "127.0.0.1:7002"}),
+        ),
+        (
+            "http_addr",
+            json!({"id": 7, "raft_addr": "127.0.0.1:7001", "http_addr": "node-7.example:7002"}),
+        ),
+    ] {
+        let (status, reply) = cluster
+            .send(leader, Method::POST, "/api/v1/cluster/nodes", Some(body))
+            .await;
+        assert_eq!(status, 400, "{field}: {reply}");
+        let error = reply["error"].as_str().unwrap_or_default();
+        assert!(
+            error.starts_with(field) && error.contains("--insecure"),
+            "{field}: {reply}"
+        );
+    }
+    let (_, state) = cluster
+        .get(leader, "/api/v1/cluster")
+        .await
+        .expect("the node answers");
+    assert_eq!(
+        state["nodes"].as_array().map(Vec::len),
+        Some(1),
+        "membership unchanged: {state}"
+    );
+}

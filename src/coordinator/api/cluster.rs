@@ -96,6 +96,22 @@ pub(super) async fn add_node(
     AdminBody(bytes): AdminBody,
 ) -> ApiResult {
     let b: AddNodeBody = parse_json(&bytes)?;
+    // `--insecure` was checked against loopback at start; a member added
+    // later would be replicated to in plaintext over the network.
+    if api.node.transport.tls().is_none() {
+        for (field, addr) in [("raft_addr", &b.raft_addr), ("http_addr", &b.http_addr)] {
+            if !crate::tls::is_loopback(addr) {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "{field} {addr:?} is not loopback: this cluster runs with --insecure \
+                         (plaintext, loopback only); run it with --tls-cert, --tls-key and \
+                         --tls-ca to add members on other hosts"
+                    ),
+                ));
+            }
+        }
+    }
     let write = Write::AddNode {
         id: b.id,
         member: Member {
