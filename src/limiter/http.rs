@@ -16,7 +16,7 @@ use serde_json::json;
 
 use super::grpc::{native_decision, respond};
 use super::rls_json;
-use super::service::{NativeCheck, Service};
+use super::service::{MAX_ENTRIES, NativeCheck, Service};
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use crate::proto::meridian::v1 as native;
 
@@ -116,27 +116,49 @@ impl From<native::Decision> for JsonDecision {
 /// names the field or the line and column at fault. serde_json bounds
 /// nesting (128 levels) before it could exhaust the stack.
 fn parse_checks(body: &[u8]) -> Result<(Vec<JsonCheck>, bool), String> {
-    let value: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| format!("invalid JSON: {e}"))?;
-    let batch = value.get("checks").is_some();
-    let parsed = if batch {
-        serde_json::from_value::<JsonBatch>(value).map(|b| b.checks)
-    } else {
-        serde_json::from_value::<JsonCheck>(value).map(|c| vec![c])
-    };
-    parsed.map(|checks| (checks, batch)).map_err(|_| {
-        // A value's type error (`expected u64`) does not say where it is;
-        // the bytes, read again on this error path only, do.
-        let positioned = if batch {
-            serde_json::from_slice::<JsonBatch>(body).err()
+    // Parsed from the bytes straight into the structs, never through a
+    // `Value` (which keeps the last of two equal keys): a duplicate field is
+    // refused, naming it, with its line and column.
+    let positioned = |e: serde_json::Error| {
+        if e.is_data() {
+            format!("invalid check: {e}")
         } else {
-            serde_json::from_slice::<JsonCheck>(body).err()
-        };
-        match positioned {
-            Some(e) => format!("invalid check: {e}"),
-            None => "invalid check".to_owned(),
+            format!("invalid JSON: {e}")
         }
-    })
+    };
+    let batch = match serde_json::from_slice::<Shape>(body) {
+        Ok(shape) => shape.checks.is_some(),
+        Err(e) if e.is_data() => false,
+        Err(e) => return Err(positioned(e)),
+    };
+    let checks = if batch {
+        serde_json::from_slice::<JsonBatch>(body).map(|b| b.checks)
+    } else {
+        serde_json::from_slice::<JsonCheck>(body).map(|c| vec![c])
+    }
+    .map_err(positioned)?;
+    // Refused whole, as the docs say, not decided check by check.
+    for (i, c) in checks.iter().enumerate() {
+        if c.descriptor.len() > MAX_ENTRIES {
+            let field = if batch {
+                format!("checks[{i}].descriptor")
+            } else {
+                "descriptor".to_owned()
+            };
+            return Err(format!(
+                "{field}: {} entries, at most {MAX_ENTRIES} (the request is refused whole)",
+                c.descriptor.len()
+            ));
+        }
+    }
+    Ok((checks, batch))
+}
+
+/// A body's top level, skimmed (values skipped) to tell a batch from one
+/// check before either is parsed.
+#[derive(Deserialize)]
+struct Shape {
+    checks: Option<serde::de::IgnoredAny>,
 }
 
 fn bad_request(message: impl std::fmt::Display) -> Response {
@@ -324,9 +346,21 @@ mod tests {
         assert!(e.contains("line 1 column"), "{e}");
         let e = parse_checks(br#"{"checks": [{"domain": "api", "kost": 1}]}"#).unwrap_err();
         assert!(e.contains("`kost`"), "{e}");
+        // Deep nesting is an error, never a stack overflow: refused at the
+        // first value of the wrong type (serde_json skips an unread value
+        // without recursing, and bounds the depth of what it reads).
         let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
         let e = parse_checks(deep.as_bytes()).unwrap_err();
-        assert!(e.contains("recursion limit"), "{e}");
+        assert!(e.contains("line 1 column"), "{e}");
+        let deep = format!(
+            r#"{{"checks": {}{}}}"#,
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        let e = parse_checks(deep.as_bytes()).unwrap_err();
+        assert!(e.contains("line 1 column 13"), "{e}");
+        let e = parse_checks(br#"{"domain": "api", "domain": "x"}"#).unwrap_err();
+        assert!(e.contains("duplicate field `domain`"), "{e}");
     }
 
     proptest! {

@@ -392,6 +392,51 @@ async fn http_checks_answer_200_or_429_with_headers_and_400_for_bad_input() {
     assert!(text.contains("meridian_checks_total"), "{text}");
 }
 
+/// Issue 28, item 11: `/v1/check` took duplicate JSON keys (the last won)
+/// and decided a batch holding a 65-entry descriptor instead of refusing it
+/// whole, as the docs say.
+#[tokio::test]
+async fn http_checks_refuse_duplicate_keys_and_oversized_descriptors_whole() {
+    let redis = RedisServer::start();
+    let limiter = LimiterProcess::start(RULES, &["--redis", &redis.url()]);
+    let http = common::http_client().build().expect("HTTP client");
+    let url = limiter.http_url("/v1/check");
+    let entries: Vec<String> = (0..65)
+        .map(|i| format!(r#"{{"key": "k{i}", "value": "v"}}"#))
+        .collect();
+    let wide = format!(
+        r#"{{"domain": "api", "descriptor": [{}]}}"#,
+        entries.join(",")
+    );
+    let fine = r#"{"domain": "api", "descriptor": [{"key": "customer", "value": "z"}]}"#;
+    for (bad, needle) in [
+        (
+            r#"{"domain": "api", "rule": "per_customer", "key": "a", "key": "b"}"#.to_string(),
+            "duplicate field `key`",
+        ),
+        (
+            r#"{"domain": "api", "descriptor": [{"key": "customer", "key": "x", "value": "z"}]}"#
+                .to_string(),
+            "duplicate field `key`",
+        ),
+        (wide.clone(), "at most 64"),
+        (format!(r#"{{"checks": [{fine}, {wide}]}}"#), "at most 64"),
+    ] {
+        let r = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(bad.clone())
+            .send()
+            .await
+            .expect("POST");
+        let status = r.status();
+        let e: serde_json::Value = r.json().await.expect("json");
+        assert_eq!(status, 400, "{bad}: {e}");
+        let msg = e["error"].as_str().unwrap_or_default();
+        assert!(msg.contains(needle), "{bad}: {msg}");
+    }
+}
+
 /// 100 checks an hour on `burst`.
 const BURST_100: &str = "domain: api\ndescriptors:\n  - key: burst\n    rate_limit:\n      unit: hour\n      requests_per_unit: 100\n";
 
