@@ -140,6 +140,19 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .prefix("meridian-demo-")
         .tempdir()
         .context("creating the demo's temp dir")?;
+    // Its logs and stores are the demo's own: private, like the token.
+    #[cfg(unix)]
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .context("making the demo's temp dir private")?;
+    // Taken now, so a SIGTERM while the system starts is not the default
+    // (die at once, leaving every child and the temp dir behind): it stops
+    // the demo as Ctrl-C does, once the summary loop runs.
+    #[cfg(unix)]
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("listening for SIGTERM")?;
     // 128 random bits, in a 0600 file the coordinators read: the token is
     // never on a command line, and the demo prints only where it is.
     let token = format!("{:032x}", rand::random::<u128>());
@@ -390,11 +403,25 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
 
     let stop = async {
-        match args.run_for {
-            Some(d) => tokio::time::sleep(d).await,
-            None => {
-                let _ = tokio::signal::ctrl_c().await;
+        let terminated = async {
+            #[cfg(unix)]
+            sigterm.recv().await;
+            #[cfg(not(unix))]
+            std::future::pending::<()>().await;
+        };
+        let interrupted = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        let ran_for = async {
+            match args.run_for {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
             }
+        };
+        tokio::select! {
+            () = terminated => {}
+            () = interrupted => {}
+            () = ran_for => {}
         }
     };
     tokio::pin!(stop);

@@ -84,3 +84,114 @@ fn demo_runs_the_whole_system_and_cleans_up() {
         "the demo left {logs} behind"
     );
 }
+
+/// The pids whose parent is `parent`, from /proc.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            // `pid (comm) state ppid ...`; comm may hold spaces: read after ')'.
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let rest = s.rsplit_once(')')?.1.split_whitespace().nth(1)?.to_string();
+                    rest.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie has exited; only its parent's wait is missing.
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, r)| !r.trim_start().starts_with('Z'))
+    })
+}
+
+/// Issue 28, item 12: `meridian demo` stopped with SIGTERM (a service
+/// manager's, or `kill`) left its 7 children and its temp dir behind, and
+/// the dir was 0755 with world-readable logs and stores.
+#[test]
+fn demo_stopped_with_sigterm_stops_its_children_and_removes_its_private_dir() {
+    use std::io::BufRead;
+    use std::os::unix::fs::PermissionsExt;
+    use std::time::{Duration, Instant};
+
+    common::require_redis();
+    let mut demo = Command::new(env!("CARGO_BIN_EXE_meridian"))
+        .args(["demo", "--rebalance-interval", "1s"])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run meridian demo");
+    // Whatever the test finds, the demo is stopped when it ends.
+    struct Term(u32);
+    impl Drop for Term {
+        fn drop(&mut self) {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.0.to_string()])
+                .status();
+        }
+    }
+    let _term = Term(demo.id());
+    let stdout = demo.stdout.take().expect("piped stdout");
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let mut dir = None;
+    // Up to the first summary line: everything is running.
+    for line in lines.by_ref() {
+        let line = line.expect("demo output");
+        if let Some(d) = line.split("logs: ").nth(1) {
+            dir = Some(std::path::PathBuf::from(d.trim()));
+        }
+        if line.starts_with('[') {
+            break;
+        }
+    }
+    let dir = dir.expect("the demo prints its temp dir");
+    let mode = std::fs::metadata(&dir)
+        .expect("demo dir")
+        .permissions()
+        .mode();
+    assert_eq!(
+        mode & 0o777,
+        0o700,
+        "{} is {:o}",
+        dir.display(),
+        mode & 0o777
+    );
+    let children = children_of(demo.id());
+    assert!(
+        children.len() >= 7,
+        "coordinators, redis and limiters: {children:?}"
+    );
+
+    let killed = Command::new("kill")
+        .args(["-TERM", &demo.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    // Drain stdout so the demo never blocks on a full pipe while stopping.
+    std::thread::spawn(move || for _ in lines {});
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = demo.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the demo did not stop within 30 s of SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "demo exited with {status}");
+    let left: Vec<u32> = children.into_iter().filter(|p| alive(*p)).collect();
+    assert!(left.is_empty(), "children left running: {left:?}");
+    assert!(!dir.exists(), "the demo left {} behind", dir.display());
+}
