@@ -25,6 +25,7 @@ pub mod leader;
 pub mod ledger;
 pub mod pod;
 pub mod rebalance;
+pub mod settings;
 pub mod table;
 
 use std::collections::{BTreeMap, VecDeque};

@@ -211,80 +211,35 @@ pub struct CoordinatorArgs {
 }
 
 impl CoordinatorArgs {
-    /// The rebalancer's settings, checked.
+    /// The rebalancer's settings, checked (by
+    /// [`LeaderConfig::check`](crate::allocation::leader::LeaderConfig::check),
+    /// as a simulator scenario's are).
     pub fn allocator_config(&self) -> Result<crate::allocation::leader::LeaderConfig, String> {
-        let fraction = |name: &str, v: f64| {
-            if (0.0..=1.0).contains(&v) {
-                Ok(v)
-            } else {
-                Err(format!("--{name} {v}: must be between 0 and 1"))
-            }
-        };
-        if self.rebalance_interval < Duration::from_millis(100) {
-            return Err(format!(
-                "--rebalance-interval {:?}: at least 100ms",
-                self.rebalance_interval
-            ));
-        }
-        let least =
-            crate::allocation::cadence::least_lease_ms(self.rebalance_interval.as_millis() as i64);
-        if (self.lease.as_millis() as i64) < least {
-            return Err(format!(
-                "--lease {:?} must span at least {} rounds of --rebalance-interval {:?} \
-                 (at least {:?}): a lease is renewed by the first round after half of it, \
-                 so a shorter one lapses between rounds and every region falls to its fallback",
-                self.lease,
-                crate::allocation::cadence::MIN_ROUNDS_PER_LEASE,
-                self.rebalance_interval,
-                Duration::from_millis(least as u64)
-            ));
-        }
-        if self.suspect_after >= self.lease {
-            return Err(format!(
-                "--suspect-after {:?} must be shorter than --lease {:?}",
-                self.suspect_after, self.lease
-            ));
-        }
-        if !(self.ewma_alpha > 0.0 && self.ewma_alpha <= 1.0) {
-            return Err(format!(
-                "--ewma-alpha {}: must be in (0, 1]",
-                self.ewma_alpha
-            ));
-        }
-        if !(self.headroom >= 0.0 && self.headroom.is_finite()) {
-            return Err(format!("--headroom {}: must be 0 or more", self.headroom));
-        }
-        let max_shift = match self.max_shift {
-            Some(v) => Some(fraction("max-shift", v)?),
-            None => None,
-        };
-        let round_lead = match self.round_lead {
-            Some(lead) if lead > self.rebalance_interval / 2 => {
-                return Err(format!(
-                    "--round-lead {lead:?}: at most half of --rebalance-interval {:?}",
-                    self.rebalance_interval
-                ));
-            }
-            Some(lead) => lead,
-            None => Duration::from_millis(crate::allocation::ROUND_LEAD_MS as u64)
-                .min(self.rebalance_interval / 4),
-        };
-        Ok(crate::allocation::leader::LeaderConfig {
-            rebalance_interval_ms: self.rebalance_interval.as_millis() as i64,
-            round_lead_ms: round_lead.as_millis() as i64,
+        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        let round_lead = self.round_lead.unwrap_or_else(|| {
+            Duration::from_millis(crate::allocation::ROUND_LEAD_MS as u64)
+                .min(self.rebalance_interval / 4)
+        });
+        let config = crate::allocation::leader::LeaderConfig {
+            rebalance_interval_ms: ms(self.rebalance_interval),
+            round_lead_ms: ms(round_lead),
             top_up: true,
             rebalancer: crate::allocation::Config {
-                lease_ms: self.lease.as_millis() as i64,
-                suspect_after_ms: self.suspect_after.as_millis() as i64,
-                skew_margin_ms: self.skew_margin.as_millis() as i64,
+                lease_ms: ms(self.lease),
+                suspect_after_ms: ms(self.suspect_after),
+                skew_margin_ms: ms(self.skew_margin),
                 ewma_alpha: self.ewma_alpha,
                 headroom: self.headroom,
-                floor: fraction("floor", self.floor)?,
-                hysteresis: fraction("hysteresis", self.hysteresis)?,
-                max_shift,
+                floor: self.floor,
+                hysteresis: self.hysteresis,
+                max_shift: self.max_shift,
                 max_key_entries: self.max_key_entries,
             },
-        })
+        };
+        config
+            .check()
+            .map_err(|r| format!("{} {}", r.setting.flag(), r.reason))?;
+        Ok(config)
     }
 }
 
@@ -810,7 +765,9 @@ mod tests {
         // The default 60 s rounds renew a 60 s lease at its very end.
         let refused = config(&["--lease", "60s"]).expect_err("60 s lease, 60 s rounds");
         assert!(
-            refused.contains("--lease 60s must span at least 3 rounds of --rebalance-interval 60s (at least 180s)"),
+            refused.starts_with(
+                "--lease 60 s must span at least 3 rounds of the rebalance interval (60 s): at least 180 s"
+            ),
             "{refused}"
         );
         assert!(

@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use crate::algorithm::{Algorithm, Params};
 use crate::allocation::cadence::report_interval_for;
+use crate::allocation::leader::LeaderConfig;
 use crate::allocation::{Config, ROUND_LEAD_MS};
 use crate::rules::Partition;
 
@@ -128,6 +129,19 @@ pub struct CoordinatorSpec {
     pub config: Config,
     /// Spans during which no coordinator is reachable.
     pub outages: Vec<Span>,
+}
+
+impl CoordinatorSpec {
+    /// The leader these settings run: the coordinator's own, configured as
+    /// the coordinator's flags would configure it.
+    pub fn leader_config(&self) -> LeaderConfig {
+        LeaderConfig {
+            rebalancer: self.config.clone(),
+            rebalance_interval_ms: self.rebalance_interval_ms,
+            round_lead_ms: self.round_lead_ms,
+            top_up: self.top_up,
+        }
+    }
 }
 
 /// One region: its pods, its link to the coordinator and its outages.
@@ -549,6 +563,8 @@ impl RawScenario {
 
         let k = &self.coordinator;
         let defaults = Config::default();
+        // Units here (whole seconds, fractions); ranges and consistency in
+        // `LeaderConfig::check`, the coordinator's own check, below.
         let config = Config {
             lease_ms: c.seconds(k.lease_s, defaults.lease_ms / 1000, "coordinator.lease_s")?,
             suspect_after_ms: c.seconds(
@@ -556,38 +572,14 @@ impl RawScenario {
                 defaults.suspect_after_ms / 1000,
                 "coordinator.suspect_after_s",
             )?,
-            skew_margin_ms: {
-                let v = k.skew_margin_ms.unwrap_or(defaults.skew_margin_ms);
-                c.ensure(
-                    v >= 0,
-                    "coordinator.skew_margin_ms",
-                    format!("{v} must be ≥ 0"),
-                )?;
-                v
-            },
-            ewma_alpha: c.fraction(k.ewma_alpha, defaults.ewma_alpha, "coordinator.ewma_alpha")?,
-            headroom: {
-                let v = k.headroom.unwrap_or(defaults.headroom);
-                c.ensure(
-                    v.is_finite() && v >= 0.0,
-                    "coordinator.headroom",
-                    format!("{v} must be ≥ 0"),
-                )?;
-                v
-            },
-            floor: c.fraction(k.floor, defaults.floor, "coordinator.floor")?,
-            hysteresis: c.fraction(k.hysteresis, defaults.hysteresis, "coordinator.hysteresis")?,
-            max_shift: match k.max_shift {
-                None => None,
-                Some(v) => Some(c.fraction(Some(v), 0.0, "coordinator.max_shift")?),
-            },
+            skew_margin_ms: k.skew_margin_ms.unwrap_or(defaults.skew_margin_ms),
+            ewma_alpha: k.ewma_alpha.unwrap_or(defaults.ewma_alpha),
+            headroom: k.headroom.unwrap_or(defaults.headroom),
+            floor: k.floor.unwrap_or(defaults.floor),
+            hysteresis: k.hysteresis.unwrap_or(defaults.hysteresis),
+            max_shift: k.max_shift,
             max_key_entries: k.max_key_entries.unwrap_or(defaults.max_key_entries),
         };
-        c.ensure(
-            config.suspect_after_ms < config.lease_ms,
-            "coordinator.suspect_after_s",
-            "must be shorter than lease_s",
-        )?;
         let mut outages = Vec::new();
         for (i, s) in k.outages.iter().enumerate() {
             outages.push(c.span(*s, self.duration_s, &format!("coordinator.outages[{i}]"))?);
@@ -597,32 +589,12 @@ impl RawScenario {
             60,
             "coordinator.rebalance_interval_s",
         )?;
-        let least = crate::allocation::cadence::least_lease_ms(rebalance_interval_ms);
-        c.ensure(
-            config.lease_ms >= least,
-            "coordinator.lease_s",
-            format!(
-                "{} s: must span at least {} rounds of rebalance_interval_s ({} s), \
-                 or leases lapse between the rounds that renew them",
-                config.lease_ms / 1000,
-                crate::allocation::cadence::MIN_ROUNDS_PER_LEASE,
-                least / 1000
-            ),
-        )?;
         let coordinator = CoordinatorSpec {
             rebalance_interval_ms,
-            round_lead_ms: {
-                // The coordinator's default: 5 s, or a quarter of a shorter interval.
-                let v = k
-                    .round_lead_ms
-                    .unwrap_or(ROUND_LEAD_MS.min(rebalance_interval_ms / 4));
-                c.ensure(
-                    v >= 0 && v <= rebalance_interval_ms / 2,
-                    "coordinator.round_lead_ms",
-                    format!("{v}: must be between 0 and half of rebalance_interval_s"),
-                )?;
-                v
-            },
+            // The coordinator's default: 5 s, or a quarter of a shorter interval.
+            round_lead_ms: k
+                .round_lead_ms
+                .unwrap_or(ROUND_LEAD_MS.min(rebalance_interval_ms / 4)),
             report_interval_ms: match (k.report_interval_s, k.report_interval_ms) {
                 (Some(_), Some(_)) => {
                     return c.fail(
@@ -669,6 +641,9 @@ impl RawScenario {
             config,
             outages,
         };
+        if let Err(refused) = coordinator.leader_config().check() {
+            return c.fail(refused.setting.field(), refused.reason);
+        }
 
         c.ensure(
             !self.region.is_empty(),
@@ -894,7 +869,7 @@ mod tests {
         assert!(
             refused
                 .reason
-                .contains("3 rounds of rebalance_interval_s (180 s)"),
+                .contains("3 rounds of the rebalance interval (60 s): at least 180 s"),
             "{}",
             refused.reason
         );

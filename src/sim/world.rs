@@ -17,7 +17,7 @@ use rand::{Rng, SeedableRng};
 use crate::algorithm::Algorithm;
 use crate::algorithm::Micros;
 use crate::allocation::demand::DemandTracker;
-use crate::allocation::leader::{GlobalRule, Leader, LeaderConfig, PodReport, RegionDef};
+use crate::allocation::leader::{GlobalRule, Leader, PodReport, RegionDef};
 use crate::allocation::pod::{CountedRule, Decided, Holding, PodAccount};
 use crate::allocation::table::{RegionUpdate, RuleUpdate, Table, region_update};
 use crate::allocation::{
@@ -1007,12 +1007,7 @@ fn pod_table(s: &Scenario) -> Table {
 /// The coordinator's leader as the scenario configures it, dividing the
 /// scenario's one global rule.
 fn new_leader(s: &Scenario) -> Leader {
-    let mut leader = Leader::new(LeaderConfig {
-        rebalancer: s.coordinator.config.clone(),
-        rebalance_interval_ms: s.coordinator.rebalance_interval_ms,
-        round_lead_ms: s.coordinator.round_lead_ms,
-        top_up: s.coordinator.top_up,
-    });
+    let mut leader = Leader::new(s.coordinator.leader_config());
     let rule = GlobalRule::new(
         RULE,
         s.rule.limit,
