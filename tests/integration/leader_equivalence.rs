@@ -35,6 +35,8 @@ descriptors:
 /// No scheduled round falls inside the test: every round it sees was started
 /// by a report (a new region, a top-up, an acknowledgement).
 const INTERVAL: &str = "1000h";
+/// A lease spans at least three rounds (the coordinator refuses less).
+const LEASE: &str = "3000h";
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -85,7 +87,10 @@ fn of_api(body: &Value) -> (u64, Slots, BTreeMap<String, i64>) {
 /// The leader as `meridian coordinator` configures it with these flags.
 fn leader() -> Leader {
     let mut leader = Leader::new(LeaderConfig {
-        rebalancer: Config::default(),
+        rebalancer: Config {
+            lease_ms: 3000 * 3_600_000,
+            ..Config::default()
+        },
         rebalance_interval_ms: 1000 * 3_600_000,
         round_lead_ms: 5_000,
         top_up: true,
@@ -252,7 +257,12 @@ fn demand(region: &str, pod: &str, epoch: u64, key: &str, asked: u64) -> PodRepo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_and_acks_give_the_same_epochs_on_the_coordinator_and_in_the_simulator() {
     let options = Options {
-        extra_args: vec!["--rebalance-interval".into(), INTERVAL.into()],
+        extra_args: vec![
+            "--rebalance-interval".into(),
+            INTERVAL.into(),
+            "--lease".into(),
+            LEASE.into(),
+        ],
         ..Options::default()
     };
     let cluster = Cluster::start(1, options).await;
