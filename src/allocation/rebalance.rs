@@ -875,29 +875,6 @@ pub fn transition_tracked(
             }
         }
     }
-    // A grow granted in an earlier round of this window waits for the
-    // boundary; once the window's use shows that every region's most
-    // (each at least at its granted value) fits under L, it applies at
-    // once. Without this, a round that granted the grow before the other
-    // region's shrink was acknowledged decided for the whole window.
-    if let Some(w) = complete {
-        let total: u64 = slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| window_use(i, s))
-            .sum();
-        if total <= limit {
-            for slot in slots.iter_mut() {
-                let waiting = !slot.immediate
-                    && slot.before_until_ms == w.until_ms
-                    && slot.granted > slot.before;
-                if waiting {
-                    slot.immediate = true;
-                    slot.now_until_ms = w.until_ms;
-                }
-            }
-        }
-    }
     if let Some(hw) = high_water {
         *hw = (*hw).max(bound + given);
     }

