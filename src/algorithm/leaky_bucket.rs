@@ -11,7 +11,10 @@
 //! constant rate), an admitted caller waits `delay` — the time for the hits
 //! ahead of it to drain — before going on.
 
-use super::{BucketScale, Decision, Micros, Outcome, Params, div_ceil, drain, until_tick};
+use super::{
+    BucketScale, CountedIn, Decision, Micros, Outcome, Params, div_ceil, drain, rescaled_level,
+    until_tick,
+};
 
 /// `None` when the bucket is empty (TAT in the past).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -27,6 +30,8 @@ pub struct Tat {
     pub backlog: u64,
     /// The tick (of `Params::tick_us`) the backlog is counted from.
     pub tick: u64,
+    /// The scale `backlog` and `tick` are counted in; `None`: not recorded.
+    pub scale: Option<CountedIn>,
 }
 
 /// Decides one check of `cost` hits at `now`, moving the TAT if admitted; an
@@ -39,6 +44,18 @@ pub fn decide(state: &mut State, now: Micros, cost: u64, params: &Params) -> Out
     } = params.scale();
     let tick_us = params.tick_us();
     let now_tick = now / tick_us;
+    let scale = CountedIn::of(params);
+    // Counted in another scale (the limit changed): converted first. The
+    // backlog is not capped: what the old limit admitted still drains.
+    let mut rescaled = false;
+    if let Some(t) = state.tat.as_mut()
+        && let Some(level) = rescaled_level(t.scale, t.backlog, t.tick, now, scale, -1.0)
+    {
+        t.backlog = (level * unit as f64).ceil() as u64;
+        t.tick = now_tick;
+        t.scale = Some(scale);
+        rescaled = true;
+    }
     let (backlog, tick) = match state.tat {
         None => (0, now_tick),
         Some(t) => {
@@ -53,6 +70,7 @@ pub fn decide(state: &mut State, now: Micros, cost: u64, params: &Params) -> Out
         state.tat = Some(Tat {
             backlog: after,
             tick,
+            scale: Some(scale),
         });
         level = after;
         retry = 0;
@@ -61,12 +79,22 @@ pub fn decide(state: &mut State, now: Micros, cost: u64, params: &Params) -> Out
         level = backlog;
         retry = until_tick(now, tick + div_ceil(after - capacity, refill), tick_us);
         delay = retry;
+        // A converted backlog is kept even when denied: it drains at the
+        // new rate from here.
+        if rescaled {
+            state.tat = Some(Tat {
+                backlog,
+                tick,
+                scale: Some(scale),
+            });
+        }
     }
     let reset = until_tick(now, tick + div_ceil(level, refill), tick_us);
     let mut decision = Decision::new(
         allowed,
         params.limit(),
-        (capacity - level) / unit,
+        // A backlog from a larger old burst may exceed the new one.
+        capacity.saturating_sub(level) / unit,
         reset,
         retry,
     );

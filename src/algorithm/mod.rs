@@ -89,9 +89,100 @@ pub(crate) fn drain(amount: u64, elapsed: u64, refill: u64) -> u64 {
     }
 }
 
+/// The scale a bucket's level was counted in (see [`BucketScale`]): its
+/// unit, tick and refill. A bucket decided under another scale — its limit
+/// changed, as when a global allocation moves — converts its level first
+/// ([`rescaled_level`]), as `bucket_rescale.lua` does in front of the Redis
+/// scripts, so every store and the simulator rescale one way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CountedIn {
+    /// Scaled units per hit.
+    pub unit: u64,
+    /// The tick, in µs.
+    pub tick_us: Micros,
+    /// Scaled units refilled (or drained) per tick.
+    pub refill: u64,
+}
+
+impl CountedIn {
+    /// The scale `params` count in.
+    pub fn of(params: &Params) -> CountedIn {
+        let scale = params.scale();
+        CountedIn {
+            unit: scale.unit,
+            tick_us: params.tick_us(),
+            refill: scale.refill,
+        }
+    }
+}
+
+/// A level counted in `was` (scaled units at `last_tick`), in hits at `now`
+/// under `to`, refilled (`sign` 1: token bucket) or drained (-1: GCRA
+/// backlog) since `last_tick` at the lower of the two rates — never more
+/// than either limit allowed. `None` when the scale is unchanged or was not
+/// recorded. The arithmetic is the Lua script's, in the same order on the
+/// same doubles, so both stores decide alike.
+pub(crate) fn rescaled_level(
+    was: Option<CountedIn>,
+    level: u64,
+    last_tick: u64,
+    now: Micros,
+    to: CountedIn,
+    sign: f64,
+) -> Option<f64> {
+    let was = was.filter(|was| *was != to)?;
+    let f = |v: u64| v as f64;
+    let elapsed_us = (f(now) - f(last_tick) * f(was.tick_us)).max(0.0);
+    let rate = (f(was.refill) / (f(was.unit) * f(was.tick_us)))
+        .min(f(to.refill) / (f(to.unit) * f(to.tick_us)));
+    Some((f(level) / f(was.unit) + sign * elapsed_us * rate).max(0.0))
+}
+
 /// Microseconds from `now` until the start of tick `tick` (ticks of `tick_us`).
 pub(crate) fn until_tick(now: Micros, tick: u64, tick_us: Micros) -> Micros {
     (tick * tick_us).saturating_sub(now)
+}
+
+/// One key's state under any algorithm: the memory store's entries and the
+/// simulator's counters (the Redis scripts keep the same fields in hashes).
+/// A key never changes variant: its algorithm is part of its state key.
+#[derive(Debug, Clone)]
+pub enum KeyState {
+    /// [`fixed_window`].
+    FixedWindow(fixed_window::State),
+    /// [`sliding_log`].
+    SlidingLog(sliding_log::State),
+    /// [`sliding_counter`].
+    SlidingCounter(sliding_counter::State),
+    /// [`token_bucket`], rescaled by itself when its limit changes.
+    TokenBucket(token_bucket::State),
+    /// [`leaky_bucket`], rescaled by itself when its limit changes.
+    LeakyBucket(leaky_bucket::State),
+}
+
+impl KeyState {
+    /// A key never seen (or expired).
+    pub fn fresh(algorithm: Algorithm) -> KeyState {
+        match algorithm {
+            Algorithm::FixedWindow => KeyState::FixedWindow(Default::default()),
+            Algorithm::SlidingWindowLog => KeyState::SlidingLog(Default::default()),
+            Algorithm::SlidingWindowCounter => KeyState::SlidingCounter(Default::default()),
+            Algorithm::TokenBucket => KeyState::TokenBucket(Default::default()),
+            Algorithm::LeakyBucket => KeyState::LeakyBucket(Default::default()),
+        }
+    }
+
+    /// Decides `cost` hits at `now` under `params` (of this key's
+    /// algorithm); a cost of 0 decides without consuming.
+    pub fn decide(&mut self, now: Micros, cost: u64, params: &Params) -> Outcome {
+        match self {
+            KeyState::FixedWindow(s) => fixed_window::decide(s, now, cost, params),
+            KeyState::SlidingLog(s) => sliding_log::decide(s, now, cost, params),
+            KeyState::SlidingCounter(s) => sliding_counter::decide(s, now, cost, params),
+            KeyState::TokenBucket(s) => token_bucket::decide(s, now, cost, params),
+            KeyState::LeakyBucket(s) => leaky_bucket::decide(s, now, cost, params),
+        }
+    }
 }
 
 /// What `decide` returns: the decision, and how long from `now` the store must

@@ -5,7 +5,10 @@
 //! Tokens are counted in the scaled integer units of [`BucketScale`]: one token
 //! is `unit` units and each tick adds `refill` units, so refills are exact.
 
-use super::{BucketScale, Decision, Micros, Outcome, Params, div_ceil, drain, until_tick};
+use super::{
+    BucketScale, CountedIn, Decision, Micros, Outcome, Params, div_ceil, drain, rescaled_level,
+    until_tick,
+};
 
 /// `None` until the first admitted hit: an unused bucket is full.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -21,6 +24,9 @@ pub struct Level {
     pub tokens: u64,
     /// The tick of the last refill.
     pub tick: u64,
+    /// The scale `tokens` and `tick` are counted in; `None`: not recorded
+    /// (a level rebuilt from counts, already in the current scale).
+    pub scale: Option<CountedIn>,
 }
 
 /// Decides one check of `cost` hits at `now`, refilling first and taking
@@ -33,6 +39,17 @@ pub fn decide(state: &mut State, now: Micros, cost: u64, params: &Params) -> Out
     } = params.scale();
     let tick_us = params.tick_us();
     let now_tick = now / tick_us;
+    let scale = CountedIn::of(params);
+    // Counted in another scale (the limit changed): converted first.
+    let mut rescaled = false;
+    if let Some(l) = state.level.as_mut()
+        && let Some(level) = rescaled_level(l.scale, l.tokens, l.tick, now, scale, 1.0)
+    {
+        l.tokens = ((level * unit as f64).floor() as u64).min(capacity);
+        l.tick = now_tick;
+        l.scale = Some(scale);
+        rescaled = true;
+    }
     // A timestamp behind the last refill refills nothing (and never un-refills).
     let (mut tokens, tick) = match state.level {
         None => (capacity, now_tick),
@@ -50,8 +67,17 @@ pub fn decide(state: &mut State, now: Micros, cost: u64, params: &Params) -> Out
     let mut retry = 0;
     if allowed {
         tokens -= need;
-        state.level = Some(Level { tokens, tick });
-    } else {
+    }
+    // A converted level is kept even when denied: refill goes on at the
+    // new rate.
+    if allowed || rescaled {
+        state.level = Some(Level {
+            tokens,
+            tick,
+            scale: Some(scale),
+        });
+    }
+    if !allowed {
         retry = until_tick(now, tick + div_ceil(need - tokens, refill), tick_us);
     }
     let reset = until_tick(now, tick + div_ceil(capacity - tokens, refill), tick_us);

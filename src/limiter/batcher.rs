@@ -501,14 +501,17 @@ impl Counter {
             }
             _ => {
                 let unit = params.scale().unit;
+                // Rebuilt from counts in the current scale: nothing to convert.
                 let level = (self.previous > 0).then(|| token_bucket::Level {
                     tokens: self.global.saturating_sub(unflushed * unit),
                     tick: self.previous,
+                    scale: None,
                 });
                 let level = level.or_else(|| {
                     (unflushed > 0).then(|| token_bucket::Level {
                         tokens: params.scale().capacity.saturating_sub(unflushed * unit),
                         tick: now / params.tick_us(),
+                        scale: None,
                     })
                 });
                 let mut state = token_bucket::State { level };

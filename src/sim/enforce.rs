@@ -7,27 +7,14 @@
 
 use std::collections::HashMap;
 
-use crate::algorithm::{
-    Algorithm, BucketScale, Micros, Params, fixed_window, sliding_counter, sliding_log,
-    token_bucket,
-};
+use crate::algorithm::{Algorithm, KeyState, Micros, Params};
 
 use super::scenario::RuleSpec;
-
-/// The state of one key, one variant per simulated algorithm.
-#[derive(Debug, Clone)]
-enum Counter {
-    Fixed(fixed_window::State),
-    Log(sliding_log::State),
-    Sliding(sliding_counter::State),
-    /// With the parameters it was last decided with (see [`rescale`]).
-    Bucket(token_bucket::State, Option<Params>),
-}
 
 /// Counters of one region (or of the ideal global counter), by customer.
 pub struct Counters {
     algorithm: Algorithm,
-    keys: Vec<Option<Counter>>,
+    keys: Vec<Option<KeyState>>,
 }
 
 impl Counters {
@@ -54,24 +41,8 @@ impl Counters {
             return (0, 0);
         };
         let algorithm = self.algorithm;
-        let counter = self.keys[key as usize].get_or_insert_with(|| match algorithm {
-            Algorithm::FixedWindow => Counter::Fixed(Default::default()),
-            Algorithm::SlidingWindowLog => Counter::Log(Default::default()),
-            Algorithm::SlidingWindowCounter => Counter::Sliding(Default::default()),
-            _ => Counter::Bucket(Default::default(), None),
-        });
-        let decide = |counter: &mut Counter, cost: u64| match counter {
-            Counter::Fixed(s) => fixed_window::decide(s, now, cost, params).decision,
-            Counter::Log(s) => sliding_log::decide(s, now, cost, params).decision,
-            Counter::Sliding(s) => sliding_counter::decide(s, now, cost, params).decision,
-            Counter::Bucket(s, _) => token_bucket::decide(s, now, cost, params).decision,
-        };
-        if let Counter::Bucket(state, last) = counter {
-            if let Some(old) = last.as_ref().filter(|old| *old != params) {
-                rescale(state, old, params, now);
-            }
-            *last = Some(params.clone());
-        }
+        let counter = self.keys[key as usize].get_or_insert_with(|| KeyState::fresh(algorithm));
+        let decide = |counter: &mut KeyState, cost: u64| counter.decide(now, cost, params).decision;
         let room = decide(counter, 0).remaining;
         let take = hits.min(room);
         if take == 0 {
@@ -84,38 +55,6 @@ impl Counters {
         } else {
             (0, 0)
         }
-    }
-}
-
-/// A token bucket whose allocation changed: its tokens are stored in scaled
-/// units of the old parameters (`BucketScale::unit` depends on the rate), so
-/// they are converted, capped at the new burst, and the refill since the last
-/// decision is credited at the lower of the two rates — never more than
-/// either allocation allowed.
-fn rescale(state: &mut token_bucket::State, old: &Params, new: &Params, now: Micros) {
-    if state.level.is_none() {
-        return;
-    }
-    let convert = |state: &mut token_bucket::State, from: &Params, to: &Params| {
-        let (
-            BucketScale { unit: fu, .. },
-            BucketScale {
-                unit: tu, capacity, ..
-            },
-        ) = (from.scale(), to.scale());
-        if let Some(level) = state.level.as_mut() {
-            let tokens = u128::from(level.tokens) * u128::from(tu) / u128::from(fu.max(1));
-            level.tokens = (tokens.min(u128::from(capacity))) as u64;
-            // Round the refill clock up: converting never credits time.
-            level.tick = (level.tick * from.tick_us()).div_ceil(to.tick_us());
-        }
-    };
-    if new.limit() < old.limit() {
-        convert(state, old, new);
-        token_bucket::decide(state, now, 0, new);
-    } else {
-        token_bucket::decide(state, now, 0, old);
-        convert(state, old, new);
     }
 }
 

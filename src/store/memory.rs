@@ -11,10 +11,7 @@ use hashbrown::HashTable;
 use metrics::counter;
 
 use super::{Limit, Store, StoreError, key};
-use crate::algorithm::{
-    Algorithm, Decision, DenyReason, InvalidInput, Micros, Outcome, fixed_window, leaky_bucket,
-    precheck, sliding_counter, sliding_log, token_bucket,
-};
+use crate::algorithm::{Decision, DenyReason, InvalidInput, KeyState, Micros, precheck};
 
 const SHARDS: usize = 64;
 
@@ -60,42 +57,8 @@ struct Shard {
 struct Entry {
     key: Box<str>,
     hash: u64,
-    state: State,
+    state: KeyState,
     expires_at: Micros,
-}
-
-/// Per-key state, one variant per algorithm (the key carries the algorithm's
-/// tag, so a key never changes variant).
-#[derive(Clone)]
-enum State {
-    FixedWindow(fixed_window::State),
-    SlidingLog(sliding_log::State),
-    SlidingCounter(sliding_counter::State),
-    TokenBucket(token_bucket::State),
-    LeakyBucket(leaky_bucket::State),
-}
-
-impl State {
-    fn fresh(algorithm: Algorithm) -> State {
-        match algorithm {
-            Algorithm::FixedWindow => State::FixedWindow(Default::default()),
-            Algorithm::SlidingWindowLog => State::SlidingLog(Default::default()),
-            Algorithm::SlidingWindowCounter => State::SlidingCounter(Default::default()),
-            Algorithm::TokenBucket => State::TokenBucket(Default::default()),
-            Algorithm::LeakyBucket => State::LeakyBucket(Default::default()),
-        }
-    }
-
-    fn decide(&mut self, now: Micros, cost: u64, limit: &Limit) -> Outcome {
-        let p = &limit.params;
-        match self {
-            State::FixedWindow(s) => fixed_window::decide(s, now, cost, p),
-            State::SlidingLog(s) => sliding_log::decide(s, now, cost, p),
-            State::SlidingCounter(s) => sliding_counter::decide(s, now, cost, p),
-            State::TokenBucket(s) => token_bucket::decide(s, now, cost, p),
-            State::LeakyBucket(s) => leaky_bucket::decide(s, now, cost, p),
-        }
-    }
 }
 
 impl MemoryStore {
@@ -176,14 +139,14 @@ impl MemoryStore {
             .or_insert_with(|| Entry {
                 key: state_key.into(),
                 hash,
-                state: State::fresh(algorithm),
+                state: KeyState::fresh(algorithm),
                 expires_at: 0,
             })
             .into_mut();
         if entry.expires_at <= now {
-            entry.state = State::fresh(algorithm);
+            entry.state = KeyState::fresh(algorithm);
         }
-        let outcome = entry.state.decide(now, cost, limit);
+        let outcome = entry.state.decide(now, cost, &limit.params);
         entry.expires_at = now + outcome.keep_for_us;
         outcome.decision
     }
@@ -250,11 +213,11 @@ impl MemoryStore {
                 .find(*hash, |e| *e.key == **state_key)
                 .filter(|e| e.expires_at > now)
                 .map_or_else(
-                    || State::fresh(limit.params.algorithm()),
+                    || KeyState::fresh(limit.params.algorithm()),
                     |e| e.state.clone(),
                 );
             let mut after = state.clone();
-            let outcome = after.decide(now, cost, limit);
+            let outcome = after.decide(now, cost, &limit.params);
             before.push(state);
             decided.push((after, outcome));
         }
@@ -266,7 +229,7 @@ impl MemoryStore {
                 .zip(before)
                 .zip(limits)
                 .map(|(((_, o), mut state), limit)| match o.decision.allowed {
-                    true => state.decide(now, 0, limit).decision,
+                    true => state.decide(now, 0, &limit.params).decision,
                     false => o.decision,
                 })
                 .collect());
@@ -355,7 +318,7 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::{DenyReason, Params};
+    use crate::algorithm::{Algorithm, DenyReason, Params};
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::Duration;
 

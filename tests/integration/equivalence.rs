@@ -16,6 +16,8 @@ use proptest::test_runner::{Config, TestRunner};
 struct Op {
     key: u8,
     cost: u64,
+    /// Decided under the case's second limit (a global allocation moved).
+    other: bool,
     /// µs since the previous op; timestamps never go backwards.
     /// (A cost of 0 means a check-only peek.)
     advance: u64,
@@ -30,21 +32,43 @@ fn op(period_us: u64) -> impl Strategy<Value = Op> {
     ];
     // Mostly small costs, sometimes more than any limit here allows; 0 is a peek.
     let cost = prop_oneof![8 => 1..4u64, 1 => 4..13u64, 1 => Just(40u64), 1 => Just(0u64)];
-    (0..3u8, cost, advance).prop_map(|(key, cost, advance)| Op { key, cost, advance })
+    (0..3u8, cost, advance, prop::bool::weighted(0.2)).prop_map(|(key, cost, advance, other)| Op {
+        key,
+        cost,
+        other,
+        advance,
+    })
 }
 
-fn case(algorithm: Algorithm) -> impl Strategy<Value = (Params, u64, Vec<Op>)> {
+/// Params, a second limit of the same algorithm (used only by the
+/// rescaling tests), the start time and the ops.
+fn case(algorithm: Algorithm) -> impl Strategy<Value = (Params, Params, u64, Vec<Op>)> {
     let periods = prop_oneof![Just(1_000u64), Just(1_500), Just(10_000), Just(86_400_000)];
-    (1..13i64, 1..13i64, periods, 0..100_000_000u64)
-        .prop_map(move |(limit, burst, ms, start)| {
-            let burst = algorithm.has_burst().then_some(burst);
-            let params = Params::new(algorithm, limit, Duration::from_millis(ms), burst)
-                .expect("generated params are valid");
-            (params, 1_700_000_000_000_000 + start, ms * 1_000)
+    (
+        1..13i64,
+        1..13i64,
+        1..40i64,
+        1..40i64,
+        periods,
+        0..100_000_000u64,
+    )
+        .prop_map(move |(limit, burst, limit2, burst2, ms, start)| {
+            let params = |limit, burst| {
+                let burst = algorithm.has_burst().then_some(burst);
+                Params::new(algorithm, limit, Duration::from_millis(ms), burst)
+                    .expect("generated params are valid")
+            };
+            (
+                params(limit, burst),
+                params(limit2, burst2),
+                1_700_000_000_000_000 + start,
+                ms * 1_000,
+            )
         })
-        .prop_flat_map(|(params, start, period_us)| {
+        .prop_flat_map(|(params, other, start, period_us)| {
             (
                 Just(params),
+                Just(other),
                 Just(start),
                 prop::collection::vec(op(period_us), 1..60),
             )
@@ -52,6 +76,12 @@ fn case(algorithm: Algorithm) -> impl Strategy<Value = (Params, u64, Vec<Op>)> {
 }
 
 fn run(algorithm: Algorithm) {
+    run_with(algorithm, false);
+}
+
+/// `rescaling`: ops switch between the case's two limits, as a bucket's
+/// does when its global allocation moves.
+fn run_with(algorithm: Algorithm, rescaling: bool) {
     let server = RedisServer::start();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let redis = rt
@@ -64,26 +94,47 @@ fn run(algorithm: Algorithm) {
         ..Config::default()
     });
     runner
-        .run(&case(algorithm), |(params, start, ops)| {
+        .run(&case(algorithm), |(params, other, start, ops)| {
             // A fresh rule per case, so earlier cases' state cannot leak in.
-            let limit = Limit {
-                rule: format!("eq{}", cases.fetch_add(1, Ordering::Relaxed)),
-                params,
-            };
+            let rule = format!("eq{}", cases.fetch_add(1, Ordering::Relaxed));
+            let limits = [
+                Limit {
+                    rule: rule.clone(),
+                    params,
+                },
+                Limit {
+                    rule,
+                    params: other,
+                },
+            ];
             let mut now = start;
+            // Redis expires keys in real time, the memory store in the
+            // ops' time: compared only while neither may drop the state
+            // (one key, each step shorter than the least a state is kept,
+            // every check reaching the state — a cost above a burst is
+            // denied before it), since a converted bucket drains at the
+            // lower of two rates and outlives the expiry its old limit set.
+            let floor = limits[0].params.ttl_floor_us();
+            let most = limits[0].params.capacity().min(limits[1].params.capacity());
             for (i, op) in ops.iter().enumerate() {
-                now += op.advance;
-                let key = format!("k{}", op.key);
+                let (key, advance, cost) = if rescaling {
+                    (0, op.advance % floor, op.cost.min(most))
+                } else {
+                    (op.key, op.advance, op.cost)
+                };
+                now += advance;
+                let limit = &limits[usize::from(rescaling && op.other)];
+                let key = format!("k{key}");
                 let (from_memory, from_redis) = rt.block_on(async {
-                    if op.cost == 0 {
+                    if cost == 0 {
                         (
-                            memory.peek(&limit, &key, Some(now)).await,
-                            redis.peek(&limit, &key, Some(now)).await,
+                            memory.peek(limit, &key, Some(now)).await,
+                            redis.peek(limit, &key, Some(now)).await,
                         )
                     } else {
                         (
-                            memory.check(&limit, &key, op.cost, Some(now)).await,
-                            redis.check(&limit, &key, op.cost, Some(now)).await,
+                            memory.check(limit, &key, cost, Some(now)).await,
+                            redis.check(limit, &key, cost, Some(now)).await,
                         )
                     }
                 });
@@ -118,4 +169,17 @@ fn token_bucket_matches() {
 #[test]
 fn leaky_bucket_matches() {
     run(Algorithm::LeakyBucket);
+}
+
+/// A bucket whose limit changes (its global allocation moved) is rescaled
+/// the same way by the memory store and the Redis scripts (issue 29: the
+/// memory store read the old scale's level in the new one).
+#[test]
+fn token_bucket_matches_when_its_limit_changes() {
+    run_with(Algorithm::TokenBucket, true);
+}
+
+#[test]
+fn leaky_bucket_matches_when_its_limit_changes() {
+    run_with(Algorithm::LeakyBucket, true);
 }

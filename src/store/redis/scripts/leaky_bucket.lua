@@ -40,4 +40,5 @@ if (allowed == 1 and not dry) or rescaled then
   redis.call('HSET', key, 'b', int(level), 'k', int(tick), 'u', int(unit), 'd', int(tick_us), 'r', int(refill))
   expire(key, reset)
 end
-return allowed, limit, math.floor((capacity - level) / unit), reset, retry, delay
+-- A backlog from a larger old burst may exceed the new one: 0 left, not less.
+return allowed, limit, math.floor(math.max(0, capacity - level) / unit), reset, retry, delay
