@@ -21,6 +21,7 @@ pub mod raft;
 pub mod report;
 pub mod state;
 pub mod validation;
+pub mod viewers;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
