@@ -95,8 +95,9 @@ struct Occupant {
     /// Tells the connection's task it was evicted (a stored permit, so a
     /// task that starts waiting later still sees it).
     evict: Notify,
-    /// Tells the connection's task it went busy or idle.
-    changed: Notify,
+    /// Tells the connection's task it went idle (not busy: its task looks
+    /// again at its next deadline anyway, and a request costs no wake-up).
+    went_idle: Notify,
 }
 
 impl Occupant {
@@ -160,7 +161,7 @@ impl Slots {
             idle_since_ms: AtomicU64::new(now_ms),
             evicted: AtomicBool::new(false),
             evict: Notify::new(),
-            changed: Notify::new(),
+            went_idle: Notify::new(),
         });
         table.held.insert(id, Arc::clone(&occupant));
         *table.per_peer.entry(peer).or_default() += 1;
@@ -279,10 +280,10 @@ impl Slot {
         }
     }
 
-    /// Resolves when the connection goes busy or idle (or was told so
-    /// before this was called and nobody looked since).
-    pub async fn changed(&self) {
-        self.occupant.changed.notified().await;
+    /// Resolves when the connection goes idle (or went idle before this
+    /// was called and nobody looked since).
+    pub async fn went_idle(&self) {
+        self.occupant.went_idle.notified().await;
     }
 
     /// Requests being served on the connection now.
@@ -328,9 +329,7 @@ impl Activity {
     /// response has been sent whole, or abandoned).
     pub fn begin(&self) -> InFlight {
         self.0.begun.fetch_add(1, Ordering::AcqRel);
-        if self.0.in_flight.fetch_add(1, Ordering::AcqRel) == 0 {
-            self.0.changed.notify_one();
-        }
+        self.0.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight(Arc::clone(&self.0))
     }
 }
@@ -346,7 +345,7 @@ impl Drop for InFlight {
             .idle_since_ms
             .store(self.0.now_ms(), Ordering::Release);
         if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.changed.notify_one();
+            self.0.went_idle.notify_one();
         }
     }
 }
@@ -405,10 +404,9 @@ mod tests {
         let a = slots.admit(ip(1)).expect("slot");
         assert!(!a.has_begun());
         let request = a.activity().begin();
-        a.changed().await;
         assert_eq!((a.in_flight(), a.idle_for()), (1, Duration::ZERO));
         drop(request);
-        a.changed().await;
+        a.went_idle().await;
         assert_eq!(a.in_flight(), 0);
         assert!(a.has_begun());
         assert_eq!(slots.held(), 1);

@@ -488,6 +488,9 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         .map_err(RunError::Config)?
         .connect_timeout(Duration::from_secs(1))
         .timeout(Duration::from_secs(90))
+        // Drop a pooled connection to a peer before that peer's idle timeout
+        // (the same flag, most likely) closes it under a forwarded write.
+        .pool_idle_timeout(args.admin_listener.admin_idle_timeout / 2)
         .build()
         .map_err(|e| RunError::Config(format!("HTTP client: {e}")))?;
     let node = Arc::new(Node {

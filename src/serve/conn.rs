@@ -85,7 +85,7 @@ pub(super) async fn connection(
         let wake = if let Some(cut) = cut_at {
             cut
         } else if slot.in_flight() > 0 {
-            // Busy: woken by `changed` when it goes idle.
+            // Busy: woken by `went_idle` when it goes idle.
             now + server.limits.idle_timeout
         } else if !slot.has_begun() {
             head_deadline
@@ -117,7 +117,7 @@ pub(super) async fn connection(
                     cut_at = Some(Instant::now() + CLOSE_GRACE);
                 }
             }
-            () = slot.changed() => {}
+            () = slot.went_idle() => {}
             () = slot.evicted(), if cut_at.is_none() => {
                 closed(&server, "evicted");
                 if slot.in_flight() == 0 {
