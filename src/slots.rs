@@ -13,6 +13,9 @@
 //! The evicted connection is told through its slot and is counted out of
 //! the table at once.
 //!
+//! Addresses are compared as [`peer_group`]s: an IPv6 client counts by its
+//! /64, which one host can fill with addresses.
+//!
 //! When every held connection is busy, up to `reserve` more are admitted as
 //! *reserve* connections, which the HTTP servers use only to answer their
 //! probes (`serve`); a newcomer then takes an idle reserve slot the same
@@ -25,6 +28,19 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
+
+/// The address a peer is counted under: an IPv4 address (also when mapped
+/// into IPv6) as it is, an IPv6 address by its /64 prefix, which a single
+/// host is routinely given whole.
+pub fn peer_group(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+        },
+    }
+}
 
 /// What a slot may be used for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +146,7 @@ impl Slots {
     /// A slot for a connection from `peer`, evicting an idle connection if
     /// none is free; `None` when every slot, reserve included, is busy.
     pub fn admit(&self, peer: IpAddr) -> Option<Slot> {
+        let peer = peer_group(peer);
         let shared = &self.shared;
         let mut table = self.table();
         let now_ms = shared.epoch.elapsed().as_millis() as u64;
@@ -356,6 +373,18 @@ mod tests {
 
     fn ip(last: u8) -> IpAddr {
         IpAddr::from([10, 0, 0, last])
+    }
+
+    #[test]
+    fn ipv6_peers_count_by_their_64_and_mapped_ipv4_as_ipv4() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().expect("ip");
+        let b: IpAddr = "2001:db8:1:2:bbbb::9".parse().expect("ip");
+        let other: IpAddr = "2001:db8:1:3::1".parse().expect("ip");
+        assert_eq!(peer_group(a), peer_group(b));
+        assert_ne!(peer_group(a), peer_group(other));
+        let mapped: IpAddr = "::ffff:10.0.0.7".parse().expect("ip");
+        assert_eq!(peer_group(mapped), ip(7));
+        assert_eq!(peer_group(ip(7)), ip(7));
     }
 
     #[test]

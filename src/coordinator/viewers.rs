@@ -53,8 +53,11 @@ impl Viewers {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A place for a stream from `peer`, anonymous unless `with_token`.
+    /// A place for a stream from `peer` (counted by its
+    /// `slots::peer_group`: an IPv6 client by its /64), anonymous unless
+    /// `with_token`.
     pub fn admit(self: &Arc<Self>, peer: IpAddr, with_token: bool) -> Result<Seat, Refusal> {
+        let peer = crate::slots::peer_group(peer);
         let mut open = self.open();
         if open.total >= MAX_EVENT_STREAMS {
             return Err(Refusal::Full);
