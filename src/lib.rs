@@ -40,9 +40,13 @@ pub mod rules;
 #[cfg(feature = "server")]
 mod secret;
 #[cfg(feature = "server")]
+mod serve;
+#[cfg(feature = "server")]
 mod shutdown;
 #[cfg(feature = "server")]
 pub mod sim;
+#[cfg(feature = "server")]
+mod slots;
 pub mod store;
 #[cfg(feature = "server")]
 mod tasks;

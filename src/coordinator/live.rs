@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use metrics::gauge;
 use serde_json::{Value, json};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::watch;
 
 use super::allocator::Allocator;
 use super::history::{History, HitsSource};
@@ -22,12 +22,9 @@ use super::hits::PerRegion;
 use super::node::Node;
 use super::raft::storage::Applied;
 use super::state::Registry;
+use super::viewers::{Refusal, Seat, Viewers};
 use crate::algorithm::Algorithm;
 use crate::rules::{Accuracy, Partition};
-
-/// Event streams served at once by one node; one more is refused with 503.
-/// Each holds a watch receiver and its connection, nothing that grows.
-pub const MAX_EVENT_STREAMS: usize = 64;
 
 /// Changes closer together than this make one update: Raft's metrics move
 /// with every replicated entry, and a dashboard needs no more.
@@ -48,7 +45,8 @@ pub struct Live {
     history: Mutex<History>,
     meta: Mutex<(Option<u64>, BTreeMap<String, RuleMeta>)>,
     updates: watch::Sender<Arc<str>>,
-    streams: Arc<Semaphore>,
+    /// The event streams open, and who may open more.
+    viewers: Arc<Viewers>,
     closing: watch::Sender<bool>,
 }
 
@@ -71,7 +69,7 @@ impl Live {
             history: Mutex::new(History::new(samples)),
             meta: Mutex::new((None, BTreeMap::new())),
             updates: watch::channel(Arc::from("{}")).0,
-            streams: Arc::new(Semaphore::new(MAX_EVENT_STREAMS)),
+            viewers: Arc::new(Viewers::default()),
             closing: watch::channel(false).0,
         })
     }
@@ -91,12 +89,16 @@ impl Live {
             .cloned()
     }
 
-    /// The latest update and every one after it, for one event stream, with
-    /// the permit that counts the stream; `None` when
-    /// [`MAX_EVENT_STREAMS`] are served already.
-    pub fn subscribe(&self) -> Option<(watch::Receiver<Arc<str>>, OwnedSemaphorePermit)> {
-        let permit = Arc::clone(&self.streams).try_acquire_owned().ok()?;
-        Some((self.updates.subscribe(), permit))
+    /// The latest update and every one after it, for one event stream from
+    /// `peer` (anonymous unless `with_token`), with the seat that counts
+    /// the stream; refused past the bounds of `viewers`.
+    pub fn subscribe(
+        &self,
+        peer: std::net::IpAddr,
+        with_token: bool,
+    ) -> Result<(watch::Receiver<Arc<str>>, Seat), Refusal> {
+        let seat = self.viewers.admit(peer, with_token)?;
+        Ok((self.updates.subscribe(), seat))
     }
 
     /// Resolves once the node shuts down: event streams end then, so the

@@ -21,6 +21,7 @@ pub mod raft;
 pub mod report;
 pub mod state;
 pub mod validation;
+pub mod viewers;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -96,10 +97,10 @@ pub struct CoordinatorArgs {
     /// who reaches --http-addr; /healthz and /metrics always are.
     #[arg(long, value_name = "PATH")]
     pub read_token_file: Option<PathBuf>,
-    /// Most connections the admin API keeps open at once; more wait in the
-    /// kernel's backlog.
-    #[arg(long, default_value_t = 256)]
-    pub admin_max_connections: usize,
+    /// `--admin-max-connections`, `--admin-header-timeout`,
+    /// `--admin-idle-timeout`.
+    #[command(flatten)]
+    pub admin_listener: api::AdminListenerArgs,
     /// Samples the dashboard's history keeps per global rule and per key
     /// entry, one per epoch: 1,440 is 24 h at the default 60 s
     /// --rebalance-interval. Memory: about 48 + 40 × regions bytes a sample
@@ -442,6 +443,9 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         .map_err(RunError::Config)?
         .connect_timeout(Duration::from_secs(1))
         .timeout(Duration::from_secs(90))
+        // Drop a pooled connection to a peer before that peer's idle timeout
+        // (the same flag, most likely) closes it under a forwarded write.
+        .pool_idle_timeout(args.admin_listener.admin_idle_timeout / 2)
         .build()
         .map_err(|e| RunError::Config(format!("HTTP client: {e}")))?;
     let node = Arc::new(Node {
@@ -529,20 +533,15 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         shared_rule_floor: args.shared_rule_floor,
         read_token,
     });
-    let http_listener =
-        api::CappedListener::new(http_listener, args.admin_max_connections, http_tls);
     let live_streams = Arc::clone(&live);
+    let admin_listener = args.admin_listener.clone();
     tasks.spawn_with_stop("admin HTTP server", move |stop| async move {
-        let service = router.into_make_service_with_connect_info::<api::Peer>();
         // Event streams never end by themselves: end them first.
         let stopping = async move {
             stop.wait().await;
             live_streams.close();
         };
-        let server = axum::serve(http_listener, service).with_graceful_shutdown(stopping);
-        if let Err(e) = server.await {
-            tracing::warn!(error = %e, "http server");
-        }
+        api::serve_admin(http_listener, router, admin_listener, http_tls, stopping).await;
     });
     tracing::info!(
         id = args.id,

@@ -21,6 +21,8 @@ use super::workers::{Worker, Workers};
 use crate::cluster_id::ClusterId;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::proto::meridian::v1::limiter_server::LimiterServer;
+use crate::serve::{self, Server};
+use crate::slots::Slots;
 use crate::store::{AnyStore, MemoryStore, RedisConfig, RedisStore};
 use crate::tasks::Tasks;
 
@@ -124,6 +126,11 @@ pub struct LimiterArgs {
     /// /healthz, /readyz). Port 0 picks a free port.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
+
+    /// `--http-max-connections`, `--http-header-timeout`,
+    /// `--http-idle-timeout`, `--http-body-timeout`.
+    #[command(flatten)]
+    pub http_listener: http::HttpListenerArgs,
 
     /// Longest a Redis call may take before the rule's fail mode decides.
     #[arg(long, default_value = "20ms", value_parser = parse_duration)]
@@ -412,11 +419,14 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     // The acceptors; their stop signal is also the workers' cue to drain.
     let mut serving = Tasks::new();
     let drain = serving.stop_signal();
+    let http_max = args.http_listener.http_max_connections.max(1);
+    let http_slots = Slots::new("http", http_max, serve::PROBE_RESERVE);
     let workers = Workers::start(worker_count, {
         let limiter = limiter.clone();
         let drain = drain.clone();
         let response_headers = args.response_headers;
         let health = health.clone();
+        let http_limits = args.http_listener.limits();
         move |worker: Worker| {
             let (limiter, metrics, drain) = (limiter.clone(), metrics.clone(), drain.clone());
             let health = health.server();
@@ -439,23 +449,21 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
                         limiter: limiter.clone(),
                     }))
                     .serve_with_incoming_shutdown(worker.grpc.into_stream(), drain.clone().wait());
-                let http = axum::serve(
-                    worker.http,
-                    http::router(HttpState {
-                        limiter,
-                        metrics,
-                        response_headers,
-                    }),
-                )
-                .with_graceful_shutdown(drain.wait());
-                let (grpc, http) = tokio::join!(grpc, http);
+                let router = http::router(HttpState {
+                    limiter,
+                    metrics,
+                    response_headers,
+                });
+                let cap = ("--http-max-connections", http_max);
+                let http = Arc::new(Server::new("http", router, http_limits, http::PROBES, cap))
+                    .serve(worker.http.into_stream(), drain.wait());
+                let (grpc, ()) = tokio::join!(grpc, http);
                 grpc.context("gRPC server")?;
-                http.context("HTTP server")?;
                 Ok(())
             }
         }
     })?;
-    let [accept_grpc, accept_http] = workers.acceptors(grpc, http_listener);
+    let (accept_grpc, accept_http) = workers.acceptors(grpc, http_listener, http_slots);
     serving.spawn("gRPC acceptor", accept_grpc);
     serving.spawn("HTTP acceptor", accept_http);
 

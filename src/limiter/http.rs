@@ -1,8 +1,10 @@
 //! HTTP transport: `POST /v1/check` (JSON), envoyproxy/ratelimit's
 //! `POST /json` (an Envoy `RateLimitRequest` in proto3 JSON), plus
-//! `/metrics`, `/healthz` and `/readyz` for operators.
+//! `/metrics`, `/healthz` and `/readyz` for operators. Its connections are
+//! capped and timed by `crate::serve` with [`HttpListenerArgs`].
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -22,6 +24,44 @@ use crate::proto::meridian::v1 as native;
 
 /// Request bodies larger than this are refused with 413.
 pub const MAX_BODY: usize = 1 << 20;
+
+/// What a reserve connection answers (see `crate::serve`): the probes.
+pub const PROBES: &[&str] = &["/healthz", "/readyz"];
+
+/// `--http-*` connection options of `meridian limiter`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct HttpListenerArgs {
+    /// Most connections the HTTP port holds at once, over all workers. When
+    /// all are held, an idle one (no request in flight) is closed for the
+    /// newcomer, from the address holding the most; when all are busy,
+    /// /healthz and /readyz are still answered on a few reserve
+    /// connections and other requests get 503. Memory: each connection
+    /// reads at most a 64 KiB head and a 1 MiB body at a time.
+    #[arg(long, default_value_t = 1024)]
+    pub http_max_connections: usize,
+    /// How long a connection gets for its first request head; one that has
+    /// not sent it is closed.
+    #[arg(long, default_value = "5s", value_parser = crate::rules::parse_duration)]
+    pub http_header_timeout: Duration,
+    /// How long a connection stays open with no request in flight.
+    #[arg(long, default_value = "30s", value_parser = crate::rules::parse_duration)]
+    pub http_idle_timeout: Duration,
+    /// How long a request body may take to arrive after its head; a slower
+    /// one is refused (400) and its connection closed.
+    #[arg(long, default_value = "10s", value_parser = crate::rules::parse_duration)]
+    pub http_body_timeout: Duration,
+}
+
+impl HttpListenerArgs {
+    /// The bounds `crate::serve` applies.
+    pub fn limits(&self) -> crate::serve::Limits {
+        crate::serve::Limits {
+            header_timeout: self.http_header_timeout,
+            idle_timeout: self.http_idle_timeout,
+            body_timeout: self.http_body_timeout,
+        }
+    }
+}
 
 /// What the HTTP handlers share: the service and the metrics exporter.
 #[derive(Clone)]

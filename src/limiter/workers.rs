@@ -12,6 +12,8 @@
 //! kernel's SO_REUSEPORT hash can put all of a gateway's few connections on
 //! one worker). What workers share (rules, the over-limit cache, counters for
 //! the approximate path, global allocations) is behind locks and atomics.
+//! The HTTP acceptor also gives each connection its slot (`crate::slots`)
+//! before handing it out, so the connection cap holds across workers.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -20,13 +22,23 @@ use anyhow::Context;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::serve::Admitted;
+use crate::slots::{Slot, Slots};
+
 /// One worker as its serving code sees it.
 pub struct Worker {
     pub index: usize,
     /// Connections accepted on the gRPC listener for this worker.
     pub grpc: Incoming,
     /// Connections accepted on the HTTP listener for this worker.
-    pub http: Incoming,
+    pub http: HttpIncoming,
+}
+
+/// An HTTP connection handed to a worker, with the slot it holds.
+pub struct HttpConn {
+    tcp: std::net::TcpStream,
+    peer: SocketAddr,
+    slot: Slot,
 }
 
 /// The worker threads and the ends that hand them connections.
@@ -34,7 +46,7 @@ pub struct Workers {
     /// One per worker: accepted gRPC connections, handed to that worker's runtime.
     grpc: Vec<mpsc::UnboundedSender<std::net::TcpStream>>,
     /// One per worker: accepted HTTP connections.
-    http: Vec<mpsc::UnboundedSender<std::net::TcpStream>>,
+    http: Vec<mpsc::UnboundedSender<HttpConn>>,
     /// One per worker: fires when its thread's `serve` returns, with its result.
     finished: Vec<oneshot::Receiver<anyhow::Result<()>>>,
 }
@@ -59,7 +71,7 @@ impl Workers {
             let worker = Worker {
                 index,
                 grpc: Incoming(grpc_rx),
-                http: Incoming(http_rx),
+                http: HttpIncoming(http_rx),
             };
             let serve = serve.clone();
             std::thread::Builder::new()
@@ -82,16 +94,24 @@ impl Workers {
 
     /// The acceptors of both listeners, to run on the calling runtime: each
     /// hands connections to the workers until it is dropped, which closes
-    /// its listener.
+    /// its listener. An HTTP connection is handed out only with a slot of
+    /// `http_slots`.
     pub fn acceptors(
         &self,
         grpc: TcpListener,
         http: TcpListener,
-    ) -> [impl Future<Output = ()> + Send + use<>; 2] {
-        [
-            hand_out(grpc, self.grpc.clone()),
-            hand_out(http, self.http.clone()),
-        ]
+        http_slots: Slots,
+    ) -> (
+        impl Future<Output = ()> + Send + use<>,
+        impl Future<Output = ()> + Send + use<>,
+    ) {
+        (
+            hand_out(grpc, self.grpc.clone(), |conn, _| Some(conn)),
+            hand_out(http, self.http.clone(), move |tcp, peer| {
+                let slot = http_slots.admit(peer.ip())?;
+                Some(HttpConn { tcp, peer, slot })
+            }),
+        )
     }
 
     /// Waits until every worker has stopped; the first error, or a worker
@@ -118,11 +138,17 @@ impl Workers {
     }
 }
 
-async fn hand_out(listener: TcpListener, workers: Vec<mpsc::UnboundedSender<std::net::TcpStream>>) {
+/// Accepts on `listener` and hands each connection `admit` lets in to the
+/// next worker (one it refuses is closed at once).
+async fn hand_out<T>(
+    listener: TcpListener,
+    workers: Vec<mpsc::UnboundedSender<T>>,
+    admit: impl Fn(std::net::TcpStream, SocketAddr) -> Option<T>,
+) {
     let mut next = 0;
     loop {
-        let conn = match listener.accept().await {
-            Ok((conn, _)) => conn,
+        let (conn, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(e) => {
                 // Out of file descriptors, mostly: wait for some to close
                 // rather than spin.
@@ -142,8 +168,10 @@ async fn hand_out(listener: TcpListener, workers: Vec<mpsc::UnboundedSender<std:
                 continue;
             }
         };
+        let Some(mut conn) = admit(conn, peer) else {
+            continue;
+        };
         // A worker that stopped (shutting down) drops its receiver; try the next.
-        let mut conn = conn;
         for _ in 0..workers.len() {
             let worker = &workers[next % workers.len()];
             next = next.wrapping_add(1);
@@ -167,28 +195,26 @@ impl Incoming {
     }
 }
 
-impl axum::serve::Listener for Incoming {
-    type Io = TcpStream;
-    type Addr = SocketAddr;
+/// HTTP connections handed to one worker, with their slots.
+pub struct HttpIncoming(mpsc::UnboundedReceiver<HttpConn>);
 
-    async fn accept(&mut self) -> (TcpStream, SocketAddr) {
-        loop {
-            let Some(conn) = self.0.recv().await else {
-                // No more connections will come: the server's graceful
-                // shutdown ends it.
-                return std::future::pending().await;
-            };
-            let registered = TcpStream::from_std(conn).and_then(|c| Ok((c.peer_addr()?, c)));
-            match registered {
-                Ok((addr, conn)) => return (conn, addr),
-                Err(e) => tracing::debug!(error = %e, "dropping a connection that closed"),
+impl HttpIncoming {
+    /// For `serve::Server::serve`, registered with the worker's own event
+    /// loop as they are taken; ends when the acceptor stops.
+    pub fn into_stream(self) -> impl tokio_stream::Stream<Item = Admitted> {
+        use tokio_stream::StreamExt;
+        tokio_stream::wrappers::UnboundedReceiverStream::new(self.0).filter_map(|conn| {
+            match TcpStream::from_std(conn.tcp) {
+                Ok(tcp) => Some(Admitted {
+                    tcp,
+                    peer: conn.peer,
+                    slot: conn.slot,
+                }),
+                Err(e) => {
+                    tracing::debug!(error = %e, "dropping a connection that closed");
+                    None
+                }
             }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        Err(std::io::Error::other(
-            "a worker has no address of its own: connections are handed to it",
-        ))
+        })
     }
 }

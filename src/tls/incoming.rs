@@ -1,7 +1,11 @@
-//! Accepting connections, with or without TLS: the handshakes run in their
-//! own tasks (at most [`MAX_HANDSHAKES`] at once, each within
-//! [`HANDSHAKE_TIMEOUT`]), so a client that stalls its handshake delays
-//! nobody else's.
+//! Accepting the control plane's connections, with or without TLS: the
+//! handshakes run in their own tasks, each within [`HANDSHAKE_TIMEOUT`], so
+//! a client that stalls its handshake delays nobody else's. At most
+//! [`MAX_HANDSHAKES`] are pending at once; when that many are, the next
+//! connection takes the place of the oldest pending handshake of the
+//! address with the most of them (`crate::slots`), so sockets opened and
+//! left silent from a few addresses cannot make a limiter's or a peer's
+//! handshake wait for a place.
 
 use std::io;
 use std::net::SocketAddr;
@@ -11,12 +15,13 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::{HANDSHAKE_TIMEOUT, Identity, MAX_HANDSHAKES};
+use crate::slots::Slots;
 
 /// Who is on the other end of a connection: its address and, over TLS, the
 /// identity its verified certificate names.
@@ -91,40 +96,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for MaybeTls<S> {
     }
 }
 
-/// One accepted connection, its peer, and the connection-cap permit it
-/// holds until dropped (when the listener is capped).
+/// One accepted connection and its peer.
 pub struct Accepted {
     pub stream: MaybeTls<TcpStream>,
     pub peer: PeerInfo,
-    pub permit: Option<OwnedSemaphorePermit>,
 }
 
 /// Accepts on `listener` until the receiver is dropped. With `tls`, each
-/// connection's handshake runs in its own task; with `cap`, a connection
-/// holds one of its permits from accept until it closes.
-pub fn accept_loop(
+/// connection's handshake runs in its own task, holding a place among the
+/// [`MAX_HANDSHAKES`] pending ones until it ends.
+fn accept_loop(
     listener: TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
-    cap: Option<Arc<Semaphore>>,
 ) -> mpsc::Receiver<Accepted> {
     let (tx, rx) = mpsc::channel(64);
-    let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let handshakes = Slots::new("raft_handshakes", MAX_HANDSHAKES, 0);
     let acceptor = tls.map(TlsAcceptor::from);
     tokio::spawn(async move {
         loop {
-            // A closed semaphore is never made here; should acquiring
-            // fail, serving uncapped beats refusing every client.
-            let permit = match &cap {
-                Some(cap) => tokio::select! {
-                    () = tx.closed() => return,
-                    p = Arc::clone(cap).acquire_owned() => p.ok(),
-                },
-                None => None,
-            };
-            let slot = tokio::select! {
-                () = tx.closed() => return,
-                s = Arc::clone(&handshakes).acquire_owned() => s.ok(),
-            };
             let (tcp, addr) = tokio::select! {
                 () = tx.closed() => return,
                 accepted = listener.accept() => match accepted {
@@ -146,18 +135,29 @@ pub fn accept_loop(
                 let accepted = Accepted {
                     stream: MaybeTls::Plain(tcp),
                     peer,
-                    permit,
                 };
                 if tx.send(accepted).await.is_err() {
                     return;
                 }
                 continue;
             };
+            // Every pending handshake is idle to the table, so one always
+            // gives way when all places are taken.
+            let Some(slot) = handshakes.admit(addr.ip()) else {
+                continue;
+            };
             let tx = tx.clone();
             tokio::spawn(async move {
-                let _slot = slot;
-                let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
-                {
+                let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
+                let done = tokio::select! {
+                    done = handshake => done,
+                    () = slot.evicted() => {
+                        tracing::debug!(%addr, "TLS handshake dropped for a newer connection");
+                        return;
+                    }
+                };
+                drop(slot);
+                let tls = match done {
                     Ok(Ok(tls)) => tls,
                     Ok(Err(e)) => {
                         metrics::counter!("meridian_tls_handshake_failures_total").increment(1);
@@ -184,7 +184,6 @@ pub fn accept_loop(
                 let accepted = Accepted {
                     stream: MaybeTls::Tls(Box::new(tls)),
                     peer,
-                    permit,
                 };
                 let _ = tx.send(accepted).await;
             });
@@ -251,7 +250,7 @@ pub fn incoming(
     tls: Option<Arc<rustls::ServerConfig>>,
 ) -> impl Stream<Item = Result<Conn, io::Error>> {
     use tokio_stream::StreamExt;
-    ReceiverStream::new(accept_loop(listener, tls, None)).map(|a| Ok(Conn(a)))
+    ReceiverStream::new(accept_loop(listener, tls)).map(|a| Ok(Conn(a)))
 }
 
 /// The peer of a gRPC request served from [`incoming`].

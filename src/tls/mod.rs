@@ -25,15 +25,16 @@ use rustls::pki_types::ServerName;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 pub use self::identity::Identity;
-pub use self::incoming::{Accepted, MaybeTls, accept_loop, incoming, peer};
+pub use self::incoming::{MaybeTls, incoming, peer};
 pub use self::reload::Tls;
 
 /// How long a TLS handshake may take before the connection is dropped, so
 /// a client that opens a socket and says nothing holds no slot for long.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Handshakes in progress at once on one listener; more connections wait in
-/// the kernel's backlog. Only holders of a certificate from the CA get past
-/// a handshake, so this bounds what anyone else can make a node hold.
+/// Handshakes in progress at once on one listener; the next connection then
+/// takes the place of the oldest pending handshake of the address with the
+/// most of them. Only holders of a certificate from the CA get past a
+/// handshake, so this bounds what anyone else can make a node hold.
 pub const MAX_HANDSHAKES: usize = 256;
 /// How often the certificate, key and CA files are checked for changes.
 pub const RELOAD_POLL: Duration = Duration::from_secs(1);

@@ -1,7 +1,7 @@
 //! The admin API's credentials: tokens from files, checked from the headers
 //! before a body is read, refusals slowed and counted, reads closed by a read
-//! token, connections capped; the Redis password from a file and never in an
-//! error.
+//! token; the Redis password from a file and never in an error. (The
+//! connection cap and its deadlines: `connection_floods.rs`.)
 
 use crate::common;
 
@@ -116,44 +116,6 @@ async fn with_a_read_token_reads_need_it_and_probes_stay_open() {
         let status = get(path, None).await.map(|r| r.status().as_u16());
         assert_eq!(status.ok(), Some(200), "{path} needs no token");
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_admin_api_keeps_at_most_its_connection_cap_open() {
-    let options = Options {
-        extra_args: vec!["--admin-max-connections".into(), "2".into()],
-        ..Options::default()
-    };
-    let mut cluster = Cluster::start(1, options).await;
-    // The harness's client keeps its connections alive: drop them, so the
-    // two slots are the test's.
-    cluster.http = common::http_client().build().expect("HTTP client");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let addr = cluster.node(1).http_addr.clone();
-    let idle: Vec<TcpStream> = (0..2)
-        .map(|_| TcpStream::connect(&addr).expect("connect"))
-        .collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let request = format!("GET /healthz HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
-    let (answer, _) = raw(&addr, &request, Duration::from_secs(1));
-    assert!(
-        answer.is_empty(),
-        "a third connection was served: {answer:?}"
-    );
-    drop(idle);
-    // The queued connections (the closed idle ones, the one above) are
-    // accepted and finished first; then a new one is served.
-    let mut answer = String::new();
-    for _ in 0..10 {
-        answer = raw(&addr, &request, Duration::from_secs(2)).0;
-        if answer.starts_with("HTTP/1.1 200") {
-            break;
-        }
-    }
-    assert!(
-        answer.starts_with("HTTP/1.1 200"),
-        "not served once a slot freed: {answer:?}"
-    );
 }
 
 #[test]

@@ -8,7 +8,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::coordinator::{Cluster, Options};
+use common::coordinator::{Cluster, Options, TOKEN};
 use common::global::{Load, World, fixed_window_rule};
 use serde_json::Value;
 
@@ -243,9 +243,12 @@ async fn the_page_keeps_to_itself_diffs_name_versions_and_event_streams_are_capp
     );
 
     // Event streams: the first gets an update at once; a flood past the cap
-    // is refused with the cap, and a closed stream frees its place.
+    // is refused with the cap, and a closed stream frees its place. With a
+    // token, so that the anonymous bounds (connection_floods.rs) do not
+    // stop the flood first.
     let url = format!("{}/api/v1/events", cluster.node(leader).url());
-    let mut first = cluster.http.get(&url).send().await.expect("stream");
+    let open_stream = || cluster.http.get(&url).bearer_auth(TOKEN).send();
+    let mut first = open_stream().await.expect("stream");
     assert_eq!(first.status(), 200);
     let chunk = tokio::time::timeout(Duration::from_secs(5), first.chunk())
         .await
@@ -257,18 +260,18 @@ async fn the_page_keeps_to_itself_diffs_name_versions_and_event_streams_are_capp
     let cap = meridian_max_streams();
     let mut open = vec![first];
     for _ in 1..cap {
-        let r = cluster.http.get(&url).send().await.expect("stream");
+        let r = open_stream().await.expect("stream");
         assert_eq!(r.status(), 200);
         open.push(r);
     }
-    let refused = cluster.http.get(&url).send().await.expect("answer");
+    let refused = open_stream().await.expect("answer");
     assert_eq!(refused.status(), 503);
     let body: Value = refused.json().await.expect("json");
     assert_eq!(body["max_event_streams"], cap as u64, "{body}");
     drop(open.pop());
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let r = cluster.http.get(&url).send().await.expect("answer");
+        let r = open_stream().await.expect("answer");
         if r.status() == 200 {
             break;
         }
@@ -445,7 +448,7 @@ async fn the_ledger_counts_each_period_world_wide_on_the_leader_and_a_follower_r
     drop(load.stop().await);
 }
 
-/// The cap the coordinator states (`live::MAX_EVENT_STREAMS`), as the 503
+/// The cap the coordinator states (`viewers::MAX_EVENT_STREAMS`), as the 503
 /// says it; kept here so a change of the constant shows in this test.
 fn meridian_max_streams() -> usize {
     64

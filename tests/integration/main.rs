@@ -21,6 +21,7 @@ mod capacity;
 mod cluster;
 mod cluster_failover;
 mod cluster_id;
+mod connection_floods;
 mod control_plane_tls;
 mod coordinator_api;
 mod coordinator_cluster;

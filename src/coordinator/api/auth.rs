@@ -14,7 +14,6 @@ use tokio_stream::StreamExt;
 
 use super::Api;
 use super::errors::ApiError;
-use super::listener::Peer;
 
 /// Largest request body accepted (a whole rule set); larger gets 413.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -93,8 +92,8 @@ pub(super) async fn check_token(
     };
     let peer = parts
         .extensions
-        .get::<ConnectInfo<Peer>>()
-        .map(|c| c.0.0.to_string())
+        .get::<ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.to_string())
         .unwrap_or_default();
     tracing::warn!(%peer, path = %parts.uri.path(), reason = refusal.0, "{kind} request refused");
     counter!("meridian_coordinator_auth_failures_total", "kind" => kind, "reason" => refusal.0)

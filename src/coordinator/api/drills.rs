@@ -3,6 +3,8 @@
 //! who did it (the token's fingerprint, the client's address and the
 //! operator name it gave) goes into the drill.
 
+use std::net::SocketAddr;
+
 use axum::Json;
 use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -13,7 +15,6 @@ use serde_json::json;
 use super::Api;
 use super::auth::{AdminBody, parse_json};
 use super::errors::{ApiError, ApiResult};
-use super::listener::Peer;
 use super::read::Read;
 use crate::clock::now_unix_ms;
 use crate::coordinator::drill::report::{markdown, report};
@@ -48,7 +49,7 @@ fn unprocessable(field: &str, message: String) -> ApiError {
 
 /// Who is asking: the admin token's fingerprint (the token itself is never
 /// stored), the client's address, and the operator name it gave.
-fn actor(api: &Api, headers: &HeaderMap, peer: &Peer) -> Actor {
+fn actor(api: &Api, headers: &HeaderMap, peer: &SocketAddr) -> Actor {
     let digest = ring::digest::digest(&ring::digest::SHA256, api.node.admin_token.as_bytes());
     let fingerprint: String = digest.as_ref()[..4]
         .iter()
@@ -66,7 +67,7 @@ fn actor(api: &Api, headers: &HeaderMap, peer: &Peer) -> Actor {
         .filter(|v| !v.is_empty());
     Actor {
         credential: format!("admin token sha256:{fingerprint}"),
-        from: peer.0.to_string(),
+        from: peer.to_string(),
         operator,
     }
 }
@@ -159,7 +160,7 @@ pub(super) async fn get_report(
 /// `POST /api/v1/drills`: starts a drill.
 pub(super) async fn start_drill(
     State(api): State<Api>,
-    ConnectInfo(peer): ConnectInfo<Peer>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     AdminBody(bytes): AdminBody,
 ) -> ApiResult {
@@ -214,7 +215,7 @@ pub(super) async fn start_drill(
 pub(super) async fn stop_drill(
     State(api): State<Api>,
     Path(id): Path<u64>,
-    ConnectInfo(peer): ConnectInfo<Peer>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     AdminBody(_): AdminBody,
 ) -> ApiResult {

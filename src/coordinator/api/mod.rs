@@ -37,7 +37,7 @@ use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 
-pub use self::listener::{CappedListener, Peer};
+pub use self::listener::{AdminListenerArgs, serve_admin};
 
 use self::errors::ApiError;
 use super::allocator::Allocator;
