@@ -7,7 +7,7 @@
 #     sample, the Raft view at most every 2 s), read with curl;
 #   - its CPU over the same span with 0 dashboards open, then with 10 real
 #     headless Chromium pages open (Debian's chromium).
-# Prints one table for the README's "Performance" section.
+# Prints one table for docs/performance.md.
 #
 # Usage: benches/dashboard.sh [seconds=30]
 set -euo pipefail

@@ -5,7 +5,7 @@
 # checks, and native gRPC with 4 streams of batches of 100, for fixed_window and
 # sliding_window_counter; then, on the same Redis,
 # the pipelined redis-benchmark EVALSHA rate of the same two scripts (the
-# ceiling). Prints the README's "Performance" table. Starts its own servers on
+# ceiling). Prints the table in docs/performance.md. Starts its own servers on
 # free ports and stops them.
 #
 # Usage: benches/limiter.sh [duration=10s] [limiter flags...]

@@ -159,7 +159,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let token_file = dir.path().join("admin-token");
     write_secret(&token_file, &token).context("writing the demo's admin token")?;
     let mut procs: Vec<Proc> = Vec::new();
-    // The secure configuration, as the README recommends it: a CA of the
+    // The secure configuration, as docs/operations.md recommends it: a CA of the
     // demo's own and a certificate per node and per region (mutual TLS).
     let pki = Pki::make(&dir.path().join("pki")).context("making the demo's certificates")?;
 

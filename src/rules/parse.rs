@@ -425,7 +425,7 @@ impl Cx<'_> {
             .filter(|v| !v.is_empty());
 
         // `quota_mode` (envoyproxy/ratelimit's quota mode) and `metadata`
-        // are accepted and validated, and change nothing here (README,
+        // are accepted and validated, and change nothing here (docs/rules.md,
         // "Differences from envoyproxy/ratelimit").
         let mut flags = NodeFlags::default();
         for field in [

@@ -370,7 +370,7 @@ fn rss_kb(pid: u32) -> u64 {
 /// connection, as many pods share one) that each received their region's
 /// snapshot of 3,000 key entries: the streams share the node's state, so
 /// each costs well under the audit's 573 kB (54 MB → 1.2 GB for 2,000).
-/// Also the figure in README's performance section:
+/// Also the figure in docs/performance.md:
 /// `cargo test --test integration watch_bounds::two_thousand -- --nocapture`;
 /// `WATCH_MESSAGE_BYTES=N` sets the node's per-message budget.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
