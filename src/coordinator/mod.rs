@@ -573,6 +573,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         prometheus: prometheus.clone(),
         shared_rule_floor: args.shared_rule_floor,
         read_token,
+        diffs: Arc::default(),
     });
     let http_listener =
         api::CappedListener::new(http_listener, args.admin_max_connections, http_tls);
