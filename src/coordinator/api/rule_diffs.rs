@@ -84,36 +84,42 @@ impl RuleDiffs {
             return Ok(Arc::clone(text));
         }
         let computing = Arc::clone(&self.computing);
+        // Set when this request, not another one for the same pair, computes.
+        let mut computes = false;
         let text = slot
-            .get_or_try_init(|| async move {
-                let permit = tokio::time::timeout(START_WITHIN, computing.acquire_owned())
+            .get_or_try_init(|| {
+                computes = true;
+                async move {
+                    let permit = tokio::time::timeout(START_WITHIN, computing.acquire_owned())
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .ok_or(DiffError::Busy)?;
+                    // The thread keeps the permit: a request given up on still
+                    // holds its turn until the work it started ends.
+                    tokio::task::spawn_blocking(move || {
+                        let _permit = permit;
+                        let versions = &state.registry.versions;
+                        let files = |n: u64| versions.get(&n).map(|v| &v.files);
+                        let text = match (files(from), files(to)) {
+                            (Some(old), Some(new)) => crate::rules::diff::diff(
+                                &format!("{from}/"),
+                                old,
+                                &format!("{to}/"),
+                                new,
+                            ),
+                            _ => String::new(),
+                        };
+                        Arc::<str>::from(serde_json::Value::String(text).to_string())
+                    })
                     .await
-                    .ok()
-                    .and_then(Result::ok)
-                    .ok_or(DiffError::Busy)?;
-                // The thread keeps the permit: a request given up on still
-                // holds its turn until the work it started ends.
-                tokio::task::spawn_blocking(move || {
-                    let _permit = permit;
-                    let versions = &state.registry.versions;
-                    let files = |n: u64| versions.get(&n).map(|v| &v.files);
-                    let text = match (files(from), files(to)) {
-                        (Some(old), Some(new)) => crate::rules::diff::diff(
-                            &format!("{from}/"),
-                            old,
-                            &format!("{to}/"),
-                            new,
-                        ),
-                        _ => String::new(),
-                    };
-                    Arc::<str>::from(serde_json::Value::String(text).to_string())
-                })
-                .await
-                .map_err(|e| DiffError::Failed(e.to_string()))
+                    .map_err(|e| DiffError::Failed(e.to_string()))
+                }
             })
             .await;
         let outcome = match &text {
-            Ok(_) => "computed",
+            Ok(_) if computes => "computed",
+            Ok(_) => "shared",
             Err(DiffError::Busy) => "busy",
             Err(DiffError::Failed(_)) => "failed",
         };
