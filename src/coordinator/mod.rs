@@ -532,6 +532,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
         prometheus: prometheus.clone(),
         shared_rule_floor: args.shared_rule_floor,
         read_token,
+        diffs: Arc::default(),
     });
     let live_streams = Arc::clone(&live);
     let admin_listener = args.admin_listener.clone();

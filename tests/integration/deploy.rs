@@ -155,7 +155,9 @@ fn every_overlay_renders_and_validates_against_the_kubernetes_schemas() {
             "kind: PodDisruptionBudget",
             "path: /readyz",
             "preStop:",
-            "maxmemory-policy volatile-ttl",
+            "maxmemory-policy volatile-lfu",
+            "lfu-log-factor 0",
+            "lfu-decay-time 0",
             "secretName: meridian-region-tls",
             "secretName: meridian-redis-auth",
             &format!("REGION: {name}"),
@@ -291,7 +293,13 @@ fn compose_has_three_coordinators_two_regions_prometheus_and_grafana() {
             .get_mapping(&format!("redis-{region}"))
             .unwrap_or_else(|| panic!("no redis-{region}"));
         let args = scalars(redis.get_node("command")).join(" ");
-        assert!(args.contains("--maxmemory-policy volatile-ttl"), "{args}");
+        // The same eviction settings as the Kubernetes Redis (the tests of a
+        // full Redis run with those).
+        let policy = common::shipped_redis_policy().join(" ");
+        assert!(
+            args.contains(&policy),
+            "redis-{region}: {args} lacks {policy}"
+        );
         for pod in 0..2u16 {
             let name = format!("limiter-{region}-{}", pod + 1);
             let port = first + 2 * pod;

@@ -54,5 +54,6 @@ mod redis_store;
 mod report_bounds;
 mod report_interval;
 mod rules_cli;
+mod rules_diff_load;
 mod tracing_otlp;
 mod watch_bounds;

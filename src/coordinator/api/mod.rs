@@ -5,7 +5,8 @@
 //! forwarded to the leader (`write.rs`, `node.rs`). Reads answer from this
 //! node's applied state unless `?consistent=true` (`read.rs`).
 //!
-//! One file per resource: `rules.rs`, `regions.rs`, `allocations.rs`,
+//! One file per resource: `rules.rs` (its diffs computed and kept by
+//! `rule_diffs.rs`), `regions.rs`, `allocations.rs`,
 //! `history.rs`, `ledger.rs`, `cluster.rs`, `events.rs`; the dashboard's page is
 //! `dashboard.rs`; the route table below names every endpoint.
 
@@ -22,6 +23,7 @@ mod listener;
 mod read;
 mod ready;
 mod regions;
+mod rule_diffs;
 mod rules;
 mod write;
 
@@ -38,6 +40,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 
 pub use self::listener::{AdminListenerArgs, serve_admin};
+pub use self::rule_diffs::RuleDiffs;
 
 use self::errors::ApiError;
 use super::allocator::Allocator;
@@ -63,6 +66,8 @@ pub struct Api {
     /// `--read-token-file`: when set, every read needs it (or the admin
     /// token); `None` leaves reads open.
     pub read_token: Option<String>,
+    /// Rule diffs computed and kept (`/api/v1/rules/diff`), one node's worth.
+    pub diffs: Arc<RuleDiffs>,
 }
 
 /// The admin API's routes, with request latency recorded per route.

@@ -3,12 +3,13 @@
 //! rollback makes an earlier version current again as a new version.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -17,6 +18,7 @@ use super::Api;
 use super::auth::{AdminBody, parse_json};
 use super::errors::{ApiError, ApiResult};
 use super::read::Read;
+use super::rule_diffs::DiffError;
 use super::write::commit;
 use crate::clock::now_unix_ms;
 use crate::coordinator::state::{Command, Origin, Outcome, RuleSetVersion, Stage};
@@ -246,9 +248,15 @@ pub(super) struct DiffQuery {
 }
 
 /// `GET /api/v1/rules/diff?from=A&to=B`: what changed from version A to B,
-/// as `meridian ctl rules diff A B` prints it (`rules::diff`), computed on a
-/// blocking thread (a diff is quadratic in the files' lines, and capped).
-pub(super) async fn diff(query: Result<Query<DiffQuery>, QueryRejection>, read: Read) -> Response {
+/// as `meridian ctl rules diff A B` prints it (`rules::diff`, bounded in
+/// changed lines and steps), from the node's cache of diffs or computed on
+/// a blocking thread, one at a time (`rule_diffs`): 503 with `Retry-After`
+/// when another diff holds the turn too long.
+pub(super) async fn diff(
+    State(api): State<Api>,
+    query: Result<Query<DiffQuery>, QueryRejection>,
+    read: Read,
+) -> Response {
     let Query(q) = match query {
         Ok(q) => q,
         Err(e) => {
@@ -258,30 +266,34 @@ pub(super) async fn diff(query: Result<Query<DiffQuery>, QueryRejection>, read: 
         }
     };
     let versions = &read.state.registry.versions;
-    let side = |n: u64, field: &str| {
-        versions.get(&n).map(|v| v.files.clone()).ok_or_else(|| {
-            ApiError::new(StatusCode::NOT_FOUND, format!("{field}: no version {n}"))
+    for (n, field) in [(q.from, "from"), (q.to, "to")] {
+        if !versions.contains_key(&n) {
+            return ApiError::new(StatusCode::NOT_FOUND, format!("{field}: no version {n}"))
                 .with("field", json!(field))
                 .with("versions", json!(versions.keys().collect::<Vec<_>>()))
-        })
-    };
-    let (old, new) = match (side(q.from, "from"), side(q.to, "to")) {
-        (Ok(old), Ok(new)) => (old, new),
-        (Err(e), _) | (_, Err(e)) => return e.into_response(),
-    };
-    let (from, to) = (q.from, q.to);
-    let text = tokio::task::spawn_blocking(move || {
-        crate::rules::diff::diff(&format!("{from}/"), &old, &format!("{to}/"), &new)
-    })
-    .await;
-    match text {
-        Ok(diff) => Json(json!({
-            "consistency": read.consistency,
-            "from": from,
-            "to": to,
-            "diff": diff,
-        }))
-        .into_response(),
+                .into_response();
+        }
+    }
+    match api.diffs.get(Arc::clone(&read.state), q.from, q.to).await {
+        // `diff` is JSON already; the other fields are numbers and a
+        // constant word, so the object is written as text.
+        Ok(diff) => (
+            [(header::CONTENT_TYPE, "application/json")],
+            format!(
+                r#"{{"consistency":"{}","from":{},"to":{},"diff":{diff}}}"#,
+                read.consistency, q.from, q.to
+            ),
+        )
+            .into_response(),
+        Err(e @ DiffError::Busy) => {
+            let mut response = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+                .with("retry_after_s", json!(1))
+                .into_response();
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+        }
         Err(e) => {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("diff: {e}")).into_response()
         }

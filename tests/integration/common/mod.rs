@@ -92,6 +92,31 @@ fn free_port() -> u16 {
     }
 }
 
+/// The eviction settings the deploy files ship, as `redis-server` flags: every
+/// directive of `deploy/k8s/base/region/redis.conf` but the size
+/// (`maxmemory`, which a test picks small), persistence (`save`,
+/// `appendonly`, which [`RedisServer`] sets) and the password `include`. Tests
+/// of a full Redis run with these, so they follow the shipped config.
+pub fn shipped_redis_policy() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/k8s/base/region/redis.conf");
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let flags: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.split_once(char::is_whitespace))
+        .filter(|(name, _)| !["maxmemory", "save", "appendonly", "include"].contains(name))
+        .flat_map(|(name, value)| [format!("--{name}"), value.trim().to_string()])
+        .collect();
+    assert!(
+        flags.iter().any(|f| f == "--maxmemory-policy"),
+        "{} sets no maxmemory-policy: {flags:?}",
+        path.display()
+    );
+    flags
+}
+
 /// One `redis-server` process.
 pub struct RedisServer {
     child: Child,
