@@ -221,3 +221,74 @@ async fn the_redis_password_comes_from_a_file_and_never_appears_in_an_error() {
         "the password was printed: {stderr}"
     );
 }
+
+/// Issue 28, item 8: refusals were slowed per request only, so concurrent
+/// requests from one address guessed ~560 tokens a second. Now an address
+/// has its tokens compared at most 20 times a second (burst 20); past that
+/// it is answered 429 without a comparison, then served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_gets_at_most_twenty_refused_tokens_a_second() {
+    let cluster = Cluster::start(1, Options::default()).await;
+    cluster.wait_leader(Duration::from_secs(20)).await;
+    let url = format!("{}/api/v1/regions/guess", cluster.node(1).url());
+    let started = Instant::now();
+    let run_for = Duration::from_secs(2);
+    let mut guessers = Vec::new();
+    for i in 0..64 {
+        let (http, url) = (cluster.http.clone(), url.clone());
+        guessers.push(tokio::spawn(async move {
+            let (mut compared, mut throttled) = (0u32, 0u32);
+            while started.elapsed() < run_for {
+                let r = http
+                    .put(&url)
+                    .bearer_auth(format!("guess-{i:04}-{:012}", compared + throttled))
+                    .json(&serde_json::json!({"weight": 1}))
+                    .send()
+                    .await;
+                let r = r.map(|r| {
+                    let retry = r.headers().get("retry-after").cloned();
+                    (r.status().as_u16(), retry)
+                });
+                match r.as_ref().map(|(status, _)| *status) {
+                    Ok(401) => compared += 1,
+                    Ok(429) => {
+                        // Not compared, whatever the token: try again in 1 s.
+                        let retry = r.as_ref().ok().and_then(|(_, h)| h.clone());
+                        assert_eq!(retry.as_ref().and_then(|h| h.to_str().ok()), Some("1"));
+                        throttled += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Ok(other) => panic!("a wrong token got {other}"),
+                    Err(e) => panic!("request failed: {e}"),
+                }
+            }
+            (compared, throttled)
+        }));
+    }
+    let (mut compared, mut throttled) = (0, 0);
+    for g in guessers {
+        let (c, t) = g.await.expect("guesser");
+        compared += c;
+        throttled += t;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    eprintln!("{compared} tokens compared, {throttled} throttled in {seconds:.1} s");
+    // Burst 20, then 20 a second (the last requests may finish late).
+    let most = 20.0 + 20.0 * (seconds + 0.5);
+    assert!(
+        f64::from(compared) <= most,
+        "{compared} tokens compared in {seconds:.1} s from one address (at most {most:.0})"
+    );
+    assert!(throttled > 0, "no request was throttled");
+    // A second later the budget has refilled: the admin is served.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let r = cluster
+        .http
+        .put(&url)
+        .bearer_auth(TOKEN)
+        .json(&serde_json::json!({"weight": 1}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status().as_u16(), 200, "{:?}", r.text().await);
+}

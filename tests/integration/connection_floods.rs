@@ -151,11 +151,13 @@ async fn silent_and_half_head_connections_cannot_starve_the_admin_probes() {
         open, 0,
         "an idle keep-alive connection outlived its idle timeout"
     );
-    // The server closes the flood once the head deadline (2 s) has passed.
-    let open = still_open_at(&mut held, opened + Duration::from_secs(4));
+    // The server closes the flood once the head deadline (2 s) has passed
+    // (checked at 6 s: on a loaded 2-core box the closing of 344 sockets
+    // trails the deadline; the full suite once saw 3 open at 4 s).
+    let open = still_open_at(&mut held, opened + Duration::from_secs(6));
     assert_eq!(
         open, 0,
-        "idle connections still open 4 s after they connected"
+        "idle connections still open 6 s after they connected"
     );
     let closed = cluster
         .metric(

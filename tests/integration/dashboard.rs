@@ -748,12 +748,12 @@ async fn the_dashboard_draws_live_allocations_rolls_back_and_survives_restarts()
     for word in ["hyderabad", "drain", "active", "admin token sha256:"] {
         assert!(listed.contains(word), "{word} in the row: {listed}");
     }
-    page.find(Locator::Css(&format!(
-        "#drills-table a[data-drill=\"{id}\"]"
-    )))
-    .await
-    .expect("the report link")
-    .click()
+    // The table is redrawn by live updates: a link found a moment ago may
+    // be gone by the click (stale), so the page clicks what it holds now.
+    page.execute(
+        &format!("document.querySelector('#drills-table a[data-drill=\"{id}\"]').click();"),
+        vec![],
+    )
     .await
     .expect("open the report");
     let shown = wait_js(

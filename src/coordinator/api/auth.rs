@@ -2,6 +2,7 @@
 //! checked from the headers first, then the body, read within its size
 //! limit and deadline.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -14,6 +15,8 @@ use tokio_stream::StreamExt;
 
 use super::Api;
 use super::errors::ApiError;
+use crate::algorithm::{Algorithm, Params};
+use crate::store::{Limit, MemoryStore};
 
 /// Largest request body accepted (a whole rule set); larger gets 413.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -26,6 +29,51 @@ const DRAIN_LIMIT_BYTES: usize = 64 * 1024 * 1024;
 /// handful of tries per second per connection, and the connection cap bounds
 /// the connections.
 pub const AUTH_FAILURE_DELAY: Duration = Duration::from_millis(500);
+
+/// Refused tokens one address may send per second (burst as many): past
+/// it, a request is answered 429 without its token being compared, so
+/// concurrent requests over HTTP/2 no longer multiply the guesses the
+/// [`AUTH_FAILURE_DELAY`] allows (one address measured ~560 a second).
+pub const REFUSALS_PER_SECOND: i64 = 20;
+
+/// Addresses whose refusals are counted at once (an IPv6 client by its
+/// /64). A budget refills within a second, so its entry goes soon after;
+/// with every place taken by recent refusers, a new address is throttled
+/// until one frees.
+pub const REFUSAL_ADDRESSES: usize = 10_000;
+
+/// Each address's refusals, one token bucket per address in Meridian's own
+/// memory store. One admin API per process: the budget is the process's.
+static REFUSALS: LazyLock<Option<(MemoryStore, Limit)>> = LazyLock::new(|| {
+    let params = Params::new(
+        Algorithm::TokenBucket,
+        REFUSALS_PER_SECOND,
+        Duration::from_secs(1),
+        Some(REFUSALS_PER_SECOND),
+    )
+    .ok()?;
+    let limit = Limit {
+        rule: "admin_refusals".into(),
+        params,
+    };
+    Some((MemoryStore::with_capacity(REFUSAL_ADDRESSES), limit))
+});
+
+/// Whether `peer` may have another token compared; charging one refusal
+/// when `charge`.
+fn refusal_budget(peer: Option<std::net::IpAddr>, charge: bool) -> bool {
+    let (Some(peer), Some((store, limit))) = (peer, REFUSALS.as_ref()) else {
+        return true;
+    };
+    let key = crate::slots::peer_group(peer).to_string();
+    let now = crate::clock::now_unix_us();
+    let decided = if charge {
+        store.check_at(limit, &key, 1, now)
+    } else {
+        store.peek_at(limit, &key, now)
+    };
+    decided.is_ok_and(|d| d.allowed && (charge || d.remaining > 0))
+}
 
 /// A request body must arrive within this long once its headers did (a slow
 /// body otherwise holds a connection, and its buffer, indefinitely).
@@ -81,6 +129,23 @@ pub(super) async fn check_token(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
+    let peer_addr = parts
+        .extensions
+        .get::<ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0);
+    // An address out of refusals gets no comparison at all (a right token
+    // too: telling it apart would answer the guess), and no log line.
+    if given.is_some() && !refusal_budget(peer_addr.map(|p| p.ip()), false) {
+        counter!("meridian_coordinator_auth_failures_total", "kind" => kind, "reason" => "throttled")
+            .increment(1);
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "too many refused tokens from this address: at most {REFUSALS_PER_SECOND} a second"
+            ),
+        )
+        .retry_after(1));
+    }
     let refusal = match given {
         None => {
             let what = if kind == "admin" { "writes" } else { "reads" };
@@ -90,11 +155,10 @@ pub(super) async fn check_token(
         Some(given) if accepted.iter().any(|t| same(given, t)) => return Ok(()),
         Some(_) => ("wrong", format!("wrong {kind} token")),
     };
-    let peer = parts
-        .extensions
-        .get::<ConnectInfo<std::net::SocketAddr>>()
-        .map(|c| c.0.to_string())
-        .unwrap_or_default();
+    if given.is_some() {
+        refusal_budget(peer_addr.map(|p| p.ip()), true);
+    }
+    let peer = peer_addr.map(|p| p.to_string()).unwrap_or_default();
     tracing::warn!(%peer, path = %parts.uri.path(), reason = refusal.0, "{kind} request refused");
     counter!("meridian_coordinator_auth_failures_total", "kind" => kind, "reason" => refusal.0)
         .increment(1);

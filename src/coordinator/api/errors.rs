@@ -16,6 +16,8 @@ pub(super) struct ApiError {
     /// Always an object with an `"error"` string; [`ApiError::with`] adds
     /// the details (offending field, issues, log index) beside it.
     body: Value,
+    /// Sent as `Retry-After` (seconds) when set.
+    retry_after_s: Option<u32>,
 }
 
 /// What a handler that may fail returns.
@@ -26,7 +28,14 @@ impl ApiError {
         ApiError {
             status,
             body: json!({ "error": message.into() }),
+            retry_after_s: None,
         }
+    }
+
+    /// Tells the client when to try again (`Retry-After`).
+    pub(super) fn retry_after(mut self, seconds: u32) -> ApiError {
+        self.retry_after_s = Some(seconds);
+        self
     }
 
     /// Adds `key: value` beside the message.
@@ -40,7 +49,13 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body)).into_response()
+        let mut response = (self.status, Json(self.body)).into_response();
+        if let Some(s) = self.retry_after_s {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, s.into());
+        }
+        response
     }
 }
 
@@ -54,6 +69,7 @@ impl From<WriteError> for ApiError {
                 return ApiError {
                     status: StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY),
                     body: body.clone(),
+                    retry_after_s: None,
                 };
             }
             WriteError::InFlight(_) => StatusCode::BAD_GATEWAY,
