@@ -190,6 +190,12 @@ pub struct PodAccount {
     /// When the span the next demand report covers began: the last demand
     /// report, or the first hit counted after none.
     since: Option<Millis>,
+    /// When this account first counted or reported: a window that began
+    /// before it is not reported as used. Under the same pod name, an
+    /// earlier process (killed, restarted) may have admitted in it, and
+    /// its count would be taken for the region's while missing those —
+    /// an in-window grant could then put the window over L.
+    started_ms: Option<Millis>,
     /// Top-up requests waiting for the next report.
     top_ups: Vec<TopUp>,
     /// Each (rule, key)'s last top-up request, so a key asks at most every
@@ -208,9 +214,18 @@ impl PodAccount {
             tracked: 0,
             period_keys: 0,
             since: None,
+            started_ms: None,
             top_ups: Vec::new(),
             last_top_up: Map::default(),
         }
+    }
+
+    /// The same account for a process that started at `started_ms`: no
+    /// window that began before it is reported as used (see
+    /// `started_ms`). Without it, the first count or report sets it.
+    pub fn started_at(mut self, started_ms: Millis) -> PodAccount {
+        self.started_ms = Some(started_ms);
+        self
     }
 
     /// The same account listing `top_keys` keys per rule in a demand report
@@ -227,6 +242,7 @@ impl PodAccount {
             return false;
         }
         self.since.get_or_insert(now);
+        self.started_ms.get_or_insert(now);
         // Looked up by reference: a known rule or key costs no allocation.
         if !self.rules.contains_key(d.rule) {
             self.rules.insert(d.rule.to_owned(), RuleAccount::default());
@@ -307,6 +323,7 @@ impl PodAccount {
     /// last demand report (which it then starts over). Without demand it is
     /// an acknowledgement.
     pub fn report(&mut self, holding: &Holding, with_demand: bool, now: Millis) -> PodReport {
+        self.started_ms.get_or_insert(now);
         let mut report = PodReport {
             region: self.region.clone(),
             pod: self.pod.clone(),
@@ -355,6 +372,7 @@ impl PodAccount {
     /// saw any), with the largest value it enforces for it.
     fn window_use(&self, counted: &[CountedRule], now: Millis) -> Vec<RuleUse> {
         let mut used = Vec::with_capacity(2 * counted.len());
+        let started = self.started_ms.unwrap_or(now);
         for c in counted {
             let p = (c.period_ms as Millis).max(1);
             let start = now.div_euclid(p) * p;
@@ -367,12 +385,15 @@ impl PodAccount {
             };
             // The ended window first: it is older than the current one, so
             // the centre's in-window view keeps the current one.
-            if let Some(count) = last {
+            if let Some(count) = last.filter(|_| start - p >= started) {
                 used.push(RuleUse {
                     rule: c.rule.clone(),
                     window_start_ms: start - p,
                     used: WindowUse { count, cap: c.cap },
                 });
+            }
+            if start < started {
+                continue;
             }
             let count = match seen {
                 Some((s, n)) if s == start => n,
@@ -751,7 +772,7 @@ mod tests {
     /// as the next window's, 160 against a grant of 100).
     #[test]
     fn a_late_answer_counts_in_the_window_that_decided_it() {
-        let mut account = PodAccount::new("r", "pod");
+        let mut account = PodAccount::new("r", "pod").started_at(T0);
         let minute = MINUTE as Millis;
         let now = T0 + minute + 100;
         // The previous window's last decision (9 of 10 used), answered now.
@@ -772,6 +793,31 @@ mod tests {
             .collect();
         assert_eq!(used, vec![(0, 10, 10), (minute, 1, 10)]);
         assert_eq!(report.epoch, 3);
+    }
+
+    /// A pod restarted within a window (same name, new process) reports no
+    /// use of it: its count would miss what the process before it admitted
+    /// (the simulator's property test put a window 8 over L through an
+    /// in-window grant), so the region's use is not complete until the
+    /// next window.
+    #[test]
+    fn a_window_that_began_before_the_pod_started_is_not_reported() {
+        let minute = MINUTE as Millis;
+        let mut account = PodAccount::new("r", "pod").started_at(T0 + minute + 500);
+        let now = T0 + minute + 1_000;
+        account.record(&hit("k", true, 9, now), now);
+        let report = account.report(&holding(10), false, now);
+        assert!(report.used.is_empty(), "{:?}", report.used);
+        // From the next window on it is.
+        let next = T0 + 2 * minute + 10;
+        account.record(&hit("k", true, 8, next), next);
+        let report = account.report(&holding(10), false, next);
+        let used: Vec<(Millis, u64)> = report
+            .used
+            .iter()
+            .map(|u| (u.window_start_ms - T0, u.used.count))
+            .collect();
+        assert_eq!(used, vec![(2 * minute, 2)]);
     }
 
     #[test]

@@ -165,7 +165,10 @@ impl Global {
         Global {
             coordinated,
             table: RwLock::new(Table::default()),
-            account: Mutex::new(PodAccount::new(region, pod)),
+            // The process starts now: windows that began before are not
+            // its to report (a predecessor under the same name may have
+            // admitted in them).
+            account: Mutex::new(PodAccount::new(region, pod).started_at(now_unix_ms())),
             wake: Notify::new(),
             report_interval: ReportInterval::default(),
             counted: RwLock::new(HashMap::new()),
@@ -835,6 +838,8 @@ mod tests {
     #[tokio::test]
     async fn reports_carry_the_window_use_after_checks_in_flight_finish() {
         let global = Global::new("r", "pod", true);
+        // Running since long before this window.
+        *global.account.lock().expect("account") = PodAccount::new("r", "pod").started_at(0);
         let rules = global_rules();
         let rule = global_rule();
         allocate(&global, &rules, &rule, 6);
@@ -868,6 +873,8 @@ mod tests {
     #[test]
     fn a_late_answer_counts_in_the_window_that_decided_it() {
         let global = Global::new("r", "pod", true);
+        // Running since long before this window.
+        *global.account.lock().expect("account") = PodAccount::new("r", "pod").started_at(0);
         let rules = global_rules_per("second");
         let rule = rules.rules().next().expect("one rule").clone();
         allocate(&global, &rules, &rule, 6);
