@@ -172,21 +172,7 @@ async fn lagging_node_catches_up_by_snapshot() {
     // The snapshot is built, and the log purged behind it, after the writes
     // are acknowledged: wait for the state checked (a release build got
     // here before the purge every time).
-    let asked = std::time::Instant::now();
-    loop {
-        let (_, status) = cluster
-            .get(leader, "/api/v1/cluster")
-            .await
-            .expect("leader answers");
-        if status["purged_index"].as_u64().unwrap_or(0) > 0 {
-            break;
-        }
-        assert!(
-            asked.elapsed() < Duration::from_secs(20),
-            "the leader did not compact its log within 20 s: {status}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    cluster.wait_purged(leader, Duration::from_secs(20)).await;
 
     cluster.restart(down);
     let last = *acked.keys().next_back().expect("versions");

@@ -338,6 +338,26 @@ impl Cluster {
         self.kill(id);
     }
 
+    /// Waits until node `id` has purged part of its log behind a snapshot
+    /// (`purged_index` > 0), failing after `within`.
+    pub async fn wait_purged(&self, id: u64, within: Duration) {
+        let asked = Instant::now();
+        loop {
+            let (_, status) = self
+                .get(id, "/api/v1/cluster")
+                .await
+                .unwrap_or((0, Value::Null));
+            if status["purged_index"].as_u64().unwrap_or(0) > 0 {
+                return;
+            }
+            assert!(
+                asked.elapsed() < within,
+                "node {id} did not compact its log within {within:?}: {status}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// GET a path on a node; `None` when the node does not answer.
     pub async fn get(&self, id: u64, path: &str) -> Option<(u16, Value)> {
         let url = format!("{}{path}", self.node(id).url());
