@@ -30,20 +30,6 @@ pub fn report_interval_for(rebalance_interval_ms: i64) -> u64 {
     half.clamp(MIN_REPORT_INTERVAL_MS, DEFAULT_REPORT_INTERVAL_MS)
 }
 
-/// Rounds a lease must span at least. A lease is renewed by the first
-/// scheduled round after half of it has passed, so with three rounds per
-/// lease the renewal lands a whole round before the old lease ends; with
-/// two or fewer it lands at the very end or after it, and every region
-/// falls to its fallback between rounds (a simulated 60 s lease with 60 s
-/// rounds admitted 77 % of what it should in steady traffic).
-pub const MIN_ROUNDS_PER_LEASE: i64 = 3;
-
-/// The shortest lease rounds every `rebalance_interval_ms` renew in time
-/// ([`MIN_ROUNDS_PER_LEASE`] rounds).
-pub fn least_lease_ms(rebalance_interval_ms: i64) -> i64 {
-    rebalance_interval_ms.saturating_mul(MIN_ROUNDS_PER_LEASE)
-}
-
 /// A report covering more than this multiple of the expected interval is a
 /// mismatch: jitter, a slow call or a missed tick stay below it, a pod on
 /// another interval (10 s against 1 s) does not.

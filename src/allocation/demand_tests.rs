@@ -264,7 +264,14 @@ fn a_cut_off_region_steps_down_after_the_hold_and_the_survivor_gets_its_share() 
     const LEASE: i64 = 10_000;
     const HOLD: i64 = 3_000;
     const SKEW: i64 = 1_000;
-    for skew in [-SKEW, SKEW] {
+    // Rounds far apart (60 s against a 10 s lease) must change nothing:
+    // leases are renewed, and lapses acted on, at their own instants.
+    for (skew, interval) in [
+        (-SKEW, 1_000),
+        (SKEW, 1_000),
+        (-SKEW, 60_000),
+        (SKEW, 60_000),
+    ] {
         let regions = regions();
         let rebalancer = Config {
             lease_ms: LEASE,
@@ -274,8 +281,8 @@ fn a_cut_off_region_steps_down_after_the_hold_and_the_survivor_gets_its_share() 
         };
         let mut leader = Leader::new(LeaderConfig {
             rebalancer,
-            rebalance_interval_ms: 1_000,
-            round_lead_ms: 250,
+            rebalance_interval_ms: interval,
+            round_lead_ms: interval / 4,
             top_up: true,
         });
         let rule = GlobalRule::new(
@@ -297,10 +304,11 @@ fn a_cut_off_region_steps_down_after_the_hold_and_the_survivor_gets_its_share() 
             t.set_fallback_holds(holds.clone());
         }
         let window = |_: &str| Some(1_000);
-        let cut_at = T0 + 5_000;
+        // After two scheduled rounds, so demand has rolled in.
+        let cut_at = T0 + 5_000 + 2 * interval;
         let mut t = T0;
         let mut b_full_at = None;
-        while t < T0 + 40_000 {
+        while t < cut_at + 35_000 {
             for (r, region) in ["a", "b"].iter().enumerate() {
                 if r == 0 && t >= cut_at {
                     continue;
@@ -344,7 +352,7 @@ fn a_cut_off_region_steps_down_after_the_hold_and_the_survivor_gets_its_share() 
             let b = tables[1].limit(RULE, "c42", t).unwrap_or(0);
             assert!(
                 a + b <= L,
-                "skew {skew}: at +{} ms a enforces {a} and b {b}, above L",
+                "skew {skew}, interval {interval}: at +{} ms a enforces {a} and b {b}, above L",
                 t - T0
             );
             if b >= L - 1 && b_full_at.is_none() {
@@ -354,13 +362,18 @@ fn a_cut_off_region_steps_down_after_the_hold_and_the_survivor_gets_its_share() 
         }
         // b holds all of L within a's lease — the last the centre
         // published, which a may or may not have received — + hold + skew
-        // margin + a round + the window boundary its grow waits for.
+        // margin + the window boundary its grow waits for: the round runs
+        // at the schedule's instant, not at the next scheduled one.
         let a_lease_end = state.regions["a"].valid_until_ms;
-        let due = a_lease_end + HOLD + SKEW + 1_000 + 1_000 + 100;
+        let due = a_lease_end + HOLD + SKEW + 1_000 + 100;
+        assert!(
+            state.regions["b"].valid_until_ms > t,
+            "interval {interval}: b's lease was renewed between rounds"
+        );
         let full = b_full_at.unwrap_or(Millis::MAX);
         assert!(
             full <= due,
-            "skew {skew}: b held L at +{} ms, due by +{} ms",
+            "skew {skew}, interval {interval}: b held L at +{} ms, due by +{} ms",
             full - T0,
             due - T0
         );

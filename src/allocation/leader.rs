@@ -29,6 +29,7 @@ use super::cadence::{ReportCadence, report_interval_for};
 use super::demand::{AckTracker, DemandTracker, KeyDemand, Pace};
 use super::ledger::Ledger;
 use super::rebalance::{Round, is_noop, rebalance};
+use super::returns::{Returns, Schedule, lease_steps};
 use super::{
     Allocations, Config, Epoch, EpochDelta, InWindow, Millis, RegionInput, RegionStatus,
     RulePolicy, Shares, TOP_UP_AT, WindowUse, next_round_at,
@@ -312,6 +313,12 @@ pub struct Leader {
     ledger: Ledger,
     /// Pods whose reports cover longer spans than the interval given.
     cadence: ReportCadence,
+    /// The next instant a lease schedule moves on its own (see
+    /// [`lease_steps`]): a round then renews or re-grants at once instead
+    /// of at the next scheduled round.
+    step_at: Option<Millis>,
+    /// Regions back after stepping down to nothing (see [`Returns`]).
+    returns: Returns,
 }
 
 impl Leader {
@@ -334,6 +341,8 @@ impl Leader {
             unknown_regions: BTreeSet::new(),
             ledger: Ledger::default(),
             cadence,
+            step_at: None,
+            returns: Returns::default(),
         }
     }
 
@@ -352,6 +361,7 @@ impl Leader {
         self.next_round_ms = self.scheduled_after(now);
         self.top_up = false;
         self.acked_at = None;
+        self.step_at = lease_steps(state, &self.schedules(), &self.config.rebalancer, now);
     }
 
     /// The rule-set version the rules come from.
@@ -517,6 +527,9 @@ impl Leader {
         if let Some(acked) = self.acked_at {
             at = at.min(acked + ACK_DEBOUNCE_MS);
         }
+        if let Some(step) = self.step_at {
+            at = at.min(step);
+        }
         at
     }
 
@@ -534,7 +547,8 @@ impl Leader {
             }
         }
         let gap_passed = self.last_top_up_ms.is_none_or(|t| now - t >= TOP_UP_GAP_MS);
-        if kind.is_none() && (self.regions_changed || self.top_up && gap_passed) {
+        let stepped = self.step_at.is_some_and(|t| now >= t);
+        if kind.is_none() && (self.regions_changed || stepped || self.top_up && gap_passed) {
             kind = Some(RoundKind::TopUp);
         }
         if kind.is_none() && self.acked_at.is_some_and(|t| now - t >= ACK_DEBOUNCE_MS) {
@@ -571,6 +585,10 @@ impl Leader {
         }
         self.acks.forget_before(now - 2 * cfg.lease_ms);
         let inputs = self.region_inputs(regions, now);
+        let schedules = self.schedules();
+        let longest_period = self.rules.iter().map(|r| r.period_ms).max().unwrap_or(0);
+        self.returns
+            .note(state, &inputs, &schedules, cfg, now, longest_period as i64);
         let in_window = self.in_window(&inputs, now);
         let policies: Vec<RulePolicy> = self.rules.iter().map(|r| r.policy.clone()).collect();
         let round = Round {
@@ -581,7 +599,20 @@ impl Leader {
             in_window: Some(&in_window),
         };
         let next = rebalance(state, &round, cfg);
+        self.returns.granted(&next);
+        self.step_at = lease_steps(&next, &schedules, cfg, now);
         (!is_noop(state, &next)).then(|| state.diff(&next))
+    }
+
+    /// Each global rule's lease schedule, as [`lease_steps`] reads it.
+    fn schedules(&self) -> Vec<Schedule> {
+        self.rules
+            .iter()
+            .map(|r| Schedule {
+                hold_ms: r.policy.fallback_hold_ms,
+                partition: r.policy.partition,
+            })
+            .collect()
     }
 
     /// What the rebalancer needs of each registered region: its pods heard
@@ -621,8 +652,22 @@ impl Leader {
                     regions: regions
                         .iter()
                         .map(|g| {
-                            self.acks
-                                .region_use(&g.name, &r.policy.rule, start, now, within)
+                            let mut used =
+                                self.acks
+                                    .region_use(&g.name, &r.policy.rule, start, now, within);
+                            let schedule = Schedule {
+                                hold_ms: r.policy.fallback_hold_ms,
+                                partition: r.policy.partition,
+                            };
+                            self.returns.complete(
+                                &g.name,
+                                &r.policy.rule,
+                                &schedule,
+                                &self.config.rebalancer,
+                                start,
+                                &mut used,
+                            );
+                            used
                         })
                         .collect(),
                 };

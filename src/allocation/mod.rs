@@ -25,6 +25,7 @@ pub mod leader;
 pub mod ledger;
 pub mod pod;
 pub mod rebalance;
+pub mod returns;
 pub mod settings;
 pub mod table;
 
@@ -150,8 +151,8 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            lease_ms: 180_000,
-            suspect_after_ms: 30_000,
+            lease_ms: 30_000,
+            suspect_after_ms: 20_000,
             skew_margin_ms: 1_000,
             ewma_alpha: 0.5,
             headroom: 0.1,

@@ -4,7 +4,7 @@
 //! the coordinator would refuse the same settings; each surface names the
 //! setting its own way ([`Setting::flag`], [`Setting::field`]).
 
-use super::cadence::{MIN_ROUNDS_PER_LEASE, least_lease_ms};
+use super::cadence::report_interval_for;
 use super::leader::LeaderConfig;
 
 /// A setting of the leader, as the coordinator and the simulator name it.
@@ -114,28 +114,32 @@ impl LeaderConfig {
                 ),
             );
         }
-        let least = least_lease_ms(interval);
-        if c.lease_ms < least {
-            return refuse(
-                Setting::Lease,
-                format!(
-                    "{} must span at least {MIN_ROUNDS_PER_LEASE} rounds of the rebalance \
-                     interval ({}): at least {}. A lease is renewed by the first round after \
-                     half of it, so a shorter one lapses between rounds and every region falls \
-                     to its fallback",
-                    duration(c.lease_ms),
-                    duration(interval),
-                    duration(least)
-                ),
-            );
-        }
-        if !(0..c.lease_ms).contains(&c.suspect_after_ms) {
+        // Leases are renewed once half used, at that instant (not at the
+        // next scheduled round), to regions heard within `suspect_after`:
+        // a live region must be heard within it, and it within the lease.
+        let reports = report_interval_for(interval) as i64;
+        if c.suspect_after_ms < 2 * reports {
             return refuse(
                 Setting::SuspectAfter,
                 format!(
-                    "{} must be shorter than the lease ({})",
+                    "{} must be at least two report intervals ({}: limiters report every {} \
+                     with a {} rebalance interval), or a live region passes for silent between \
+                     its reports and loses its lease",
                     duration(c.suspect_after_ms),
-                    duration(c.lease_ms)
+                    duration(2 * reports),
+                    duration(reports),
+                    duration(interval)
+                ),
+            );
+        }
+        if c.suspect_after_ms >= c.lease_ms {
+            return refuse(
+                Setting::Lease,
+                format!(
+                    "{} must be longer than the suspect-after time ({}): a lease is \
+                     renewed only to a region heard within it",
+                    duration(c.lease_ms),
+                    duration(c.suspect_after_ms)
                 ),
             );
         }
@@ -189,20 +193,38 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_shorter_than_three_rounds_is_refused_with_the_least_it_takes() {
-        let refused = config(60_000, 60_000)
-            .check()
-            .expect_err("60 s lease, 60 s rounds");
+    fn a_lease_no_longer_than_suspect_after_is_refused_naming_both() {
+        let mut c = config(60_000, 20_000);
+        c.rebalancer.suspect_after_ms = 20_000;
+        let refused = c.check().expect_err("20 s lease, suspect after 20 s");
         assert_eq!(refused.setting, Setting::Lease);
         assert!(
+            refused
+                .reason
+                .starts_with("20 s must be longer than the suspect-after time (20 s)"),
+            "{}",
+            refused.reason
+        );
+        // Renewals no longer wait for scheduled rounds: a lease shorter
+        // than the rebalance interval is fine.
+        assert!(config(60_000, 30_000).check().is_ok());
+    }
+
+    #[test]
+    fn suspect_after_shorter_than_two_report_intervals_is_refused() {
+        let mut c = config(60_000, 30_000);
+        c.rebalancer.suspect_after_ms = 15_000;
+        let refused = c.check().expect_err("reports every 10 s");
+        assert_eq!(refused.setting, Setting::SuspectAfter);
+        assert!(
             refused.reason.starts_with(
-                "60 s must span at least 3 rounds of the rebalance interval (60 s): at least 180 s"
+                "15 s must be at least two report intervals (20 s: limiters report every 10 s"
             ),
             "{}",
             refused.reason
         );
-        assert!(config(60_000, 180_000).check().is_ok());
-        assert!(config(20_000, 60_000).check().is_ok());
+        c.rebalance_interval_ms = 2_000;
+        assert!(c.check().is_ok(), "reports every 1 s");
     }
 
     #[test]
@@ -211,7 +233,7 @@ mod tests {
         c.round_lead_ms = 300;
         assert_eq!(c.check().map_err(|r| r.setting), Err(Setting::RoundLead));
         let mut c = config(60_000, 180_000);
-        c.rebalancer.suspect_after_ms = 180_000;
+        c.rebalancer.suspect_after_ms = 5_000;
         assert_eq!(c.check().map_err(|r| r.setting), Err(Setting::SuspectAfter));
         let mut c = config(60_000, 180_000);
         c.rebalancer.ewma_alpha = 0.0;

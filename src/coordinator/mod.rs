@@ -153,15 +153,20 @@ pub struct CoordinatorArgs {
     /// interval; by default 5s, or a quarter of a shorter interval.
     #[arg(long, value_parser = crate::rules::parse_duration)]
     pub round_lead: Option<Duration>,
-    /// How long an allocation stays valid without renewal; a region cut off
-    /// from every coordinator falls to its rules' fallback share after it.
-    /// At least three rounds (3 × --rebalance-interval): a lease is renewed
-    /// by the first round after half of it has passed.
-    #[arg(long, default_value = "180s", value_parser = crate::rules::parse_duration)]
-    pub lease: Duration,
-    /// `partition: available` rules: silence after which a region's share
-    /// above its fallback is given to others (must be shorter than --lease).
+    /// How long an allocation stays valid without renewal. A region cut off
+    /// from every coordinator enforces its allocation this long, then its
+    /// rules' fallback share for their fallback_hold, then nothing; a dead
+    /// region's share is re-granted on the same schedule. Renewed once half
+    /// of it has passed, at that instant (whatever --rebalance-interval), to
+    /// regions heard within --suspect-after. Longer rides out a longer
+    /// coordinator outage; shorter returns a dead region's share sooner.
     #[arg(long, default_value = "30s", value_parser = crate::rules::parse_duration)]
+    pub lease: Duration,
+    /// Silence after which a region counts as not heard: its lease is not
+    /// renewed, and under `partition: available` its share above its
+    /// fallback is given to others. Shorter than --lease, and at least two
+    /// report intervals (half of --rebalance-interval, at most 10s).
+    #[arg(long, default_value = "20s", value_parser = crate::rules::parse_duration)]
     pub suspect_after: Duration,
     /// Clock skew allowed between coordinators and regions: a lease counts as
     /// lapsed at the centre only this long after it ran out.
@@ -761,18 +766,15 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_shorter_than_three_rounds_is_refused_naming_both_flags() {
-        // The default 60 s rounds renew a 60 s lease at its very end.
-        let refused = config(&["--lease", "60s"]).expect_err("60 s lease, 60 s rounds");
+    fn a_lease_no_longer_than_suspect_after_is_refused_naming_both_flags() {
+        let refused = config(&["--lease", "20s"]).expect_err("20 s lease, suspect after 20 s");
         assert!(
-            refused.starts_with(
-                "--lease 60 s must span at least 3 rounds of the rebalance interval (60 s): at least 180 s"
-            ),
+            refused.starts_with("--lease 20 s must be longer than the suspect-after time (20 s)"),
             "{refused}"
         );
         assert!(
             config(&[]).is_ok(),
-            "the defaults (180 s, 60 s) are consistent"
+            "the defaults (30 s lease, 20 s suspect-after, 60 s rounds) are consistent"
         );
         assert!(config(&["--lease", "60s", "--rebalance-interval", "20s"]).is_ok());
     }

@@ -861,20 +861,18 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_shorter_than_three_rounds_is_refused_naming_both_settings() {
-        // 60 s rounds renew a 60 s lease at its very end: every region
-        // would fall to its fallback between rounds.
-        let refused = scenario("lease_s = 60").expect_err("60 s lease, 60 s rounds");
+    fn a_lease_no_longer_than_suspect_after_is_refused_naming_the_field() {
+        let refused = scenario("lease_s = 20").expect_err("20 s lease, suspect after 20 s");
         assert_eq!(refused.field, "coordinator.lease_s");
         assert!(
             refused
                 .reason
-                .contains("3 rounds of the rebalance interval (60 s): at least 180 s"),
+                .contains("must be longer than the suspect-after time (20 s)"),
             "{}",
             refused.reason
         );
         assert!(scenario("lease_s = 180").is_ok());
-        assert!(scenario("rebalance_interval_s = 20\nlease_s = 60").is_ok());
+        assert!(scenario("lease_s = 30").is_ok());
     }
 
     #[test]

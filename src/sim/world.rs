@@ -656,11 +656,15 @@ impl Engine {
         };
         c.state.epoch += 1;
         let epoch = c.state.epoch;
+        // Renewed only by these scheduled rounds: a lease of three
+        // intervals, as the coordinator's leases were before renewals ran at
+        // their own instants, so the baseline never lapses between rounds.
+        let lease_ms = (s.coordinator.config.lease_ms).max(3 * s.coordinator.rebalance_interval_ms);
         let mut out = Vec::new();
         for (r, spec) in s.regions.iter().enumerate() {
             let update = Rc::new(RegionUpdate {
                 epoch,
-                valid_until_ms: abs(now) + s.coordinator.config.lease_ms,
+                valid_until_ms: abs(now) + lease_ms,
                 full: true,
                 rules: vec![RuleUpdate {
                     rule: RULE.into(),
