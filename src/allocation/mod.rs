@@ -85,6 +85,16 @@ pub fn lapsed_value(
     }
 }
 
+/// When a lease ending at `valid_until_ms` is renewed at the latest (to
+/// `now + lease`): with a third of it left, a round runs then whatever the
+/// rebalance interval. Any full or top-up round after half of it renews it
+/// earlier. A third leaves the renewal seconds to commit and reach the
+/// region (10 s of the default 30 s); renewing later, not at half, makes a
+/// region cut off just after a renewal strand less on average.
+pub fn renew_at(valid_until_ms: Millis, lease_ms: i64) -> Millis {
+    valid_until_ms - lease_ms / 3
+}
+
 /// Scheduled rounds end this long before a multiple of the rebalance
 /// interval in Unix time (see [`next_round_at`]).
 pub const ROUND_LEAD_MS: i64 = 5_000;

@@ -4,7 +4,8 @@
 //!
 //! Per global rule, every round:
 //! 1. leases: regions heard from within `suspect_after` are renewed to
-//!    `now + lease` once half their lease has passed; acknowledgements release the old values of shrinks
+//!    `now + lease` by the first round after half their lease, at the
+//!    latest with a third left ([`renew_at`]); acknowledgements release the old values of shrinks
 //!    (`bound` falls to `granted`);
 //! 2. lapsed regions (strict: lease expired plus the skew margin; available:
 //!    silent longer than `suspect_after`) are capped at their fallback share,
@@ -74,9 +75,11 @@ pub fn rebalance(state: &Allocations, round: &Round<'_>, config: &Config) -> All
         }
         let live =
             region.last_heard_ms.is_some() && lease.last_heard_ms >= now - config.suspect_after_ms;
-        // Renewed once half used, so quiet rounds commit nothing.
-        let half_used = lease.valid_until_ms - now < config.lease_ms / 2;
-        if live && round.demand.is_some() && half_used {
+        // Renewed by the first round after half of it, or at the latest
+        // with a third left (a round runs then: see `renew_at`), so quiet
+        // rounds commit nothing.
+        let due = lease.valid_until_ms - now < config.lease_ms / 2;
+        if live && round.demand.is_some() && due {
             lease.valid_until_ms = lease.valid_until_ms.max(now + config.lease_ms);
         }
         acked.insert(region.name.as_str(), lease.acked);

@@ -5,7 +5,7 @@
 //! nothing — on the region's own clock (`lapsed_value`) and at the centre
 //! `skew_margin` later. Two things follow from that schedule alone, with no
 //! report needed:
-//! - [`lease_steps`]: the instants it moves (a lease half used, a lapse, a
+//! - [`lease_steps`]: the instants it moves (a lease to renew, a lapse, a
 //!   hold's end, an `available` region gone silent). The leader runs a round
 //!   at each, so a dead region's share is re-granted when its schedule says,
 //!   not at the next scheduled round, and leases are renewed whatever the
@@ -32,7 +32,7 @@ pub struct Schedule {
 }
 
 /// The first instant after `now` at which a lease schedule in `state` moves
-/// without any report: a live region's lease is half used (renewed then), a
+/// without any report: a live region's lease has a third left (renewed then), a
 /// region's lease has lapsed (its fallback is reserved from then), a rule's
 /// hold has run out (nothing is reserved), or — under `partition:
 /// available` — a region has been silent for `suspect_after`. Each is read
@@ -57,7 +57,7 @@ pub fn lease_steps(
             continue;
         }
         if lease.last_heard_ms >= now - config.suspect_after_ms {
-            at(until - config.lease_ms / 2 + 1);
+            at(super::renew_at(until, config.lease_ms));
         }
         let lapsed = until.saturating_add(config.skew_margin_ms);
         at(lapsed + 1);
@@ -224,8 +224,8 @@ mod tests {
             },
         ];
         let step = |now| lease_steps(&state, &rules, &config, now);
-        assert_eq!(step(T0), Some(T0 + 15_001), "renewed once half used");
-        assert_eq!(step(T0 + 15_001), Some(T0 + 31_001), "lapsed, skew late");
+        assert_eq!(step(T0), Some(T0 + 20_000), "renewed with a third left");
+        assert_eq!(step(T0 + 20_000), Some(T0 + 31_001), "lapsed, skew late");
         assert_eq!(step(T0 + 31_001), Some(T0 + 36_001), "the short hold ends");
         assert_eq!(step(T0 + 36_001), Some(T0 + 91_001), "the long hold ends");
         assert_eq!(step(T0 + 91_001), None, "nothing moves after that");

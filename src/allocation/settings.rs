@@ -114,7 +114,7 @@ impl LeaderConfig {
                 ),
             );
         }
-        // Leases are renewed once half used, at that instant (not at the
+        // Leases are renewed with a third left, at that instant (not at the
         // next scheduled round), to regions heard within `suspect_after`:
         // a live region must be heard within it, and it within the lease.
         let reports = report_interval_for(interval) as i64;

@@ -156,8 +156,8 @@ pub struct CoordinatorArgs {
     /// How long an allocation stays valid without renewal. A region cut off
     /// from every coordinator enforces its allocation this long, then its
     /// rules' fallback share for their fallback_hold, then nothing; a dead
-    /// region's share is re-granted on the same schedule. Renewed once half
-    /// of it has passed, at that instant (whatever --rebalance-interval), to
+    /// region's share is re-granted on the same schedule. Renewed when a third
+    /// of it is left, at that instant (whatever --rebalance-interval), to
     /// regions heard within --suspect-after. Longer rides out a longer
     /// coordinator outage; shorter returns a dead region's share sooner.
     #[arg(long, default_value = "30s", value_parser = crate::rules::parse_duration)]
