@@ -34,7 +34,8 @@ use openraft::{Config, ServerState, SnapshotPolicy};
 use self::api::Api;
 use self::grpc::CoordinatorService;
 use self::node::Node;
-use self::raft::network::{Network, RaftService};
+use self::raft::client::Network;
+use self::raft::service::RaftService;
 use self::raft::{Member, NodeId, Raft};
 use crate::tasks::Tasks;
 
@@ -480,7 +481,7 @@ pub async fn run(args: CoordinatorArgs) -> Result<(), RunError> {
 
     // A follower is cut off once silent for the longest election timeout,
     // and behind once it has not applied in the shortest one a commit it was told.
-    let leader_contact = freshness::LeaderContact::new(
+    let leader_contact = raft::contact::LeaderContact::new(
         Duration::from_millis(config.election_timeout_max),
         Duration::from_millis(config.election_timeout_min),
     );
