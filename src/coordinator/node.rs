@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::raft::network::PeerContacts;
+use super::raft::contact::PeerContacts;
 use super::raft::storage::Applied;
 use super::raft::{Member, NodeId, Raft};
 use super::state::{Command, Outcome};

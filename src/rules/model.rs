@@ -336,7 +336,7 @@ impl Rule {
     /// its path names an exact value (no key-only or wildcard level, which count
     /// each value apart). Such a rule set too low throttles all traffic at once,
     /// so the coordinator can hold it to a floor. Reads the path from `id`,
-    /// which `parse.rs` builds as `domain|key[=value]|…` with `|`, `=` and `%`
+    /// which `parse/descriptor.rs` builds as `domain|key[=value]|…` with `|`, `=` and `%`
     /// escaped inside keys and values (and `*` only ever in a glob value).
     pub fn counts_all_callers_together(&self) -> bool {
         self.id

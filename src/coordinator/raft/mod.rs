@@ -1,7 +1,11 @@
 //! The coordinator's Raft layer: the type configuration (here), the redb
-//! store (`storage`) and the tonic transport (`network`).
+//! store (`storage`) and the tonic transport: its client (`client`), its
+//! service (`service`) and what both record of the leader and the peers
+//! (`contact`).
 
-pub mod network;
+pub mod client;
+pub mod contact;
+pub mod service;
 pub mod storage;
 
 use std::fmt;
@@ -46,3 +50,7 @@ pub type StoredMembership = openraft::StoredMembership<NodeId, Member>;
 pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, Member>;
 pub type Snapshot = openraft::Snapshot<TypeConfig>;
 pub type StorageError = openraft::StorageError<NodeId>;
+
+/// Raft messages can carry several 1 MiB rule sets (append entries) or a
+/// snapshot chunk; tonic's default 4 MiB limit would reject them.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;

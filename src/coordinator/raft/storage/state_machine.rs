@@ -1,0 +1,486 @@
+//! The Raft state machine store: applies committed commands to the
+//! [`Registry`], persists the result in the `sm_*` tables, publishes it to
+//! readers, and builds, keeps and installs snapshots.
+
+use std::collections::BTreeMap;
+use std::io::Cursor;
+use std::sync::Arc;
+
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder, StorageIOError,
+};
+use redb::{Database, Durability, ReadableDatabase};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::db::{DiskError, SM_DRILLS, SM_META, VERSIONS, blocking, get_meta, put_meta};
+use super::format::{Applied, decode_snapshot, encode_snapshot};
+use crate::allocation::Allocations;
+use crate::cluster_id::ClusterId;
+use crate::coordinator::raft::{
+    Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+};
+use crate::coordinator::state::{Outcome, Region, Registry, RuleSetVersion};
+
+/// `sm_meta.applied`: how far the state machine on disk got, written with
+/// every apply batch. Encodes as the `(last_applied, membership)` tuple it
+/// replaced (bincode writes a struct's fields in order).
+#[derive(Serialize, Deserialize)]
+struct AppliedHeader {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+}
+
+/// `sm_meta.snapshot`: the current snapshot, kept so openraft can send it to
+/// a follower that lags behind the purged log.
+#[derive(Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta,
+    /// The snapshot's bytes as sent: see [`encode_snapshot`]. Snapshots
+    /// stored before format versions have no header; they decode as
+    /// version 1.
+    data: Vec<u8>,
+}
+
+fn load_applied(db: &Database) -> Result<Applied, DiskError> {
+    let header: Option<AppliedHeader> = get_meta(db, SM_META, "applied")?;
+    let regions: Option<BTreeMap<String, Region>> = get_meta(db, SM_META, "regions")?;
+    let allocations: Option<Allocations> = get_meta(db, SM_META, "allocations")?;
+    // Absent in a new dir and in one from format 1.
+    let cluster_id: Option<Option<ClusterId>> = get_meta(db, SM_META, "cluster_id")?;
+    // Absent before format 3.
+    let last_drill: Option<u64> = get_meta(db, SM_META, "drills_last_id")?;
+    let txn = db.begin_read()?;
+    let t = txn.open_table(VERSIONS)?;
+    let mut registry = Registry {
+        regions: regions.unwrap_or_default(),
+        allocations: allocations.unwrap_or_default(),
+        cluster_id: cluster_id.flatten(),
+        ..Registry::default()
+    };
+    for item in t.range::<u64>(..)? {
+        let (k, v) = item?;
+        registry
+            .versions
+            .insert(k.value(), bincode::deserialize(v.value())?);
+    }
+    let drills = txn.open_table(SM_DRILLS)?;
+    for item in drills.range::<u64>(..)? {
+        let (k, v) = item?;
+        registry
+            .drills
+            .by_id
+            .insert(k.value(), Arc::new(bincode::deserialize(v.value())?));
+    }
+    registry.drills.last_id = last_drill.unwrap_or_default();
+    let (last_applied, membership) =
+        header.map_or_else(Default::default, |h| (h.last_applied, h.membership));
+    Ok(Applied {
+        last_applied,
+        membership,
+        registry,
+    })
+}
+
+/// Which rows of the per-row tables a write touches.
+struct Rows<'a> {
+    /// Rule-set versions to write.
+    versions: &'a [RuleSetVersion],
+    /// Drills to write; rows of drills no longer held are deleted whenever
+    /// this is not empty.
+    drills: &'a [u64],
+    /// Drop every other version and drill first (snapshot install).
+    replace: bool,
+}
+
+/// Writes the applied header, the regions, the allocations, the cluster id
+/// and the rows of `rows` in one transaction.
+fn persist_applied(
+    db: &Database,
+    applied: &Applied,
+    rows: Rows<'_>,
+    durability: Durability,
+) -> Result<(), DiskError> {
+    let Rows {
+        versions,
+        drills,
+        replace: replace_versions,
+    } = rows;
+    let header = bincode::serialize(&AppliedHeader {
+        last_applied: applied.last_applied,
+        membership: applied.membership.clone(),
+    })?;
+    let regions = bincode::serialize(&applied.registry.regions)?;
+    let allocations = bincode::serialize(&applied.registry.allocations)?;
+    let cluster_id = bincode::serialize(&applied.registry.cluster_id)?;
+    let mut txn = db.begin_write()?;
+    txn.set_durability(durability)?;
+    {
+        let mut t = txn.open_table(VERSIONS)?;
+        if replace_versions {
+            t.retain(|_, _| false)?;
+        }
+        for v in versions {
+            t.insert(v.number, bincode::serialize(v)?.as_slice())?;
+        }
+        let mut m = txn.open_table(SM_META)?;
+        m.insert("applied", header.as_slice())?;
+        m.insert("regions", regions.as_slice())?;
+        m.insert("allocations", allocations.as_slice())?;
+        m.insert("cluster_id", cluster_id.as_slice())?;
+        let held = &applied.registry.drills;
+        if replace_versions || !drills.is_empty() {
+            m.insert(
+                "drills_last_id",
+                bincode::serialize(&held.last_id)?.as_slice(),
+            )?;
+            let mut t = txn.open_table(SM_DRILLS)?;
+            t.retain(|k, _| !replace_versions && held.by_id.contains_key(&k))?;
+            let ids: Vec<u64> = if replace_versions {
+                held.by_id.keys().copied().collect()
+            } else {
+                drills.to_vec()
+            };
+            for id in ids {
+                if let Some(d) = held.by_id.get(&id) {
+                    t.insert(id, bincode::serialize(d.as_ref())?.as_slice())?;
+                }
+            }
+        }
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+/// The state machine: applies committed commands to the [`Registry`] and
+/// persists the result before reporting it applied.
+pub struct StateMachineStore {
+    db: Arc<Database>,
+    /// The authoritative applied state; only `apply` and `install_snapshot` change it.
+    applied: Applied,
+    /// Readers' copy, replaced after each apply batch. A `watch` channel so the
+    /// admin API and every WatchRules stream read without locking the state
+    /// machine, and streams wake on change.
+    published: watch::Sender<Arc<Applied>>,
+}
+
+impl StateMachineStore {
+    /// The state machine as `db` holds it.
+    pub(super) fn load(db: Arc<Database>) -> Result<StateMachineStore, DiskError> {
+        let applied = load_applied(&db)?;
+        let (published, _) = watch::channel(Arc::new(applied.clone()));
+        Ok(StateMachineStore {
+            db,
+            applied,
+            published,
+        })
+    }
+
+    /// A receiver of every applied state, starting with the current one.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Applied>> {
+        self.published.subscribe()
+    }
+
+    fn publish(&self) {
+        self.published.send_replace(Arc::new(self.applied.clone()));
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        Ok((self.applied.last_applied, self.applied.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Outcome>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        // A batch creates versions above the current one and may move the
+        // current one's stage: those are the versions to write.
+        let first_dirty = self.applied.registry.current().map_or(0, |v| v.number);
+        let mut outcomes = Vec::new();
+        let mut drills = Vec::new();
+        for entry in entries {
+            self.applied.last_applied = Some(entry.log_id);
+            let outcome = match entry.payload {
+                EntryPayload::Blank => Outcome::Nothing,
+                EntryPayload::Normal(command) => {
+                    let drill = command.drill();
+                    let outcome = self.applied.registry.apply(command);
+                    if let (Some(d), Outcome::Applied { version }) = (drill, &outcome) {
+                        // A start names its new id in the outcome.
+                        drills.extend(d.or(*version));
+                    }
+                    outcome
+                }
+                EntryPayload::Membership(m) => {
+                    self.applied.membership = StoredMembership::new(Some(entry.log_id), m);
+                    Outcome::Nothing
+                }
+            };
+            outcomes.push(outcome);
+        }
+        if outcomes.is_empty() {
+            return Ok(outcomes);
+        }
+        let applied = self.applied.clone();
+        blocking(
+            &self.db,
+            ErrorSubject::StateMachine,
+            ErrorVerb::Write,
+            move |db| {
+                let dirty: Vec<RuleSetVersion> = applied
+                    .registry
+                    .versions
+                    .range(first_dirty..)
+                    .map(|(_, v)| v.clone())
+                    .collect();
+                let rows = Rows {
+                    versions: &dirty,
+                    drills: &drills,
+                    replace: false,
+                };
+                persist_applied(db, &applied, rows, Durability::None)
+            },
+        )
+        .await?;
+        self.publish();
+        Ok(outcomes)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        SnapshotBuilder {
+            db: Arc::clone(&self.db),
+            applied: self.applied.clone(),
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let data = snapshot.into_inner();
+        let signature = Some(meta.signature());
+        let applied =
+            decode_snapshot(&data, &format!("snapshot {}", meta.snapshot_id)).map_err(|e| {
+                StorageError::from(StorageIOError::read_snapshot(signature.clone(), &e))
+            })?;
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data,
+        };
+        let to_write = applied.clone();
+        blocking(
+            &self.db,
+            ErrorSubject::Snapshot(signature),
+            ErrorVerb::Write,
+            move |db| {
+                let versions: Vec<RuleSetVersion> =
+                    to_write.registry.versions.values().cloned().collect();
+                let rows = Rows {
+                    versions: &versions,
+                    drills: &[],
+                    replace: true,
+                };
+                persist_applied(db, &to_write, rows, Durability::Immediate)?;
+                put_meta(db, SM_META, "snapshot", &stored)
+            },
+        )
+        .await?;
+        metrics::counter!("meridian_coordinator_snapshots_installed_total").increment(1);
+        self.applied = applied;
+        self.publish();
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
+        let stored: Option<StoredSnapshot> = blocking(
+            &self.db,
+            ErrorSubject::Snapshot(None),
+            ErrorVerb::Read,
+            |db| get_meta(db, SM_META, "snapshot"),
+        )
+        .await?;
+        Ok(stored.map(|s| Snapshot {
+            meta: s.meta,
+            snapshot: Box::new(Cursor::new(s.data)),
+        }))
+    }
+}
+
+/// Builds a snapshot from a copy of the applied state taken when openraft
+/// asked for the builder, so applies continue meanwhile.
+pub struct SnapshotBuilder {
+    db: Arc<Database>,
+    /// The applied state as of the builder's creation; the snapshot is built from it.
+    applied: Applied,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
+        let data = encode_snapshot(&self.applied)
+            .map_err(|e| StorageError::from(StorageIOError::write_snapshot(None, &e)))?;
+        let stamp = crate::clock::now_unix_ns();
+        let meta = SnapshotMeta {
+            last_log_id: self.applied.last_applied,
+            last_membership: self.applied.membership.clone(),
+            snapshot_id: match self.applied.last_applied {
+                Some(id) => format!("{}-{}-{stamp}", id.leader_id, id.index),
+                None => format!("empty-{stamp}"),
+            },
+        };
+        metrics::gauge!("meridian_coordinator_snapshot_bytes").set(data.len() as f64);
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data: data.clone(),
+        };
+        blocking(
+            &self.db,
+            ErrorSubject::Snapshot(Some(meta.signature())),
+            ErrorVerb::Write,
+            move |db| put_meta(db, SM_META, "snapshot", &stored),
+        )
+        .await?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coordinator::raft::storage::fixtures::{
+        SNAPSHOT_V1, SNAPSHOT_V2, SNAPSHOT_V3, fixture_applied, fixture_applied_v1,
+        fixture_applied_v2,
+    };
+    use crate::coordinator::raft::storage::format::SNAPSHOT_MAGIC;
+    use crate::coordinator::raft::storage::open;
+
+    #[tokio::test]
+    async fn installing_a_snapshot_in_an_unknown_format_fails_and_keeps_the_state() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (_log, mut sm) = open(dir.path()).expect("open");
+        let mut data = SNAPSHOT_V3.to_vec();
+        data[SNAPSHOT_MAGIC.len()..SNAPSHOT_MAGIC.len() + 4].copy_from_slice(&4u32.to_le_bytes());
+        let applied = fixture_applied();
+        let meta = SnapshotMeta {
+            last_log_id: applied.last_applied,
+            last_membership: applied.membership.clone(),
+            snapshot_id: "3-1-42".into(),
+        };
+        let err = sm
+            .install_snapshot(&meta, Box::new(Cursor::new(data)))
+            .await
+            .expect_err("version 4 is unknown");
+        assert!(
+            err.to_string().contains("format version 4"),
+            "the error names the version: {err}"
+        );
+        assert_eq!(*sm.subscribe().borrow().as_ref(), Applied::default());
+        sm.install_snapshot(&meta, Box::new(Cursor::new(SNAPSHOT_V1.to_vec())))
+            .await
+            .expect("version 1 installs");
+        assert_eq!(*sm.subscribe().borrow().as_ref(), fixture_applied_v1());
+        sm.install_snapshot(&meta, Box::new(Cursor::new(SNAPSHOT_V2.to_vec())))
+            .await
+            .expect("version 2 installs");
+        assert_eq!(*sm.subscribe().borrow().as_ref(), fixture_applied_v2());
+        sm.install_snapshot(&meta, Box::new(Cursor::new(SNAPSHOT_V3.to_vec())))
+            .await
+            .expect("version 3 installs");
+        assert_eq!(*sm.subscribe().borrow().as_ref(), applied);
+        // Installed drills are in the tables: they survive a reopen.
+        drop((_log, sm));
+        let (_log, sm) = open(dir.path()).expect("reopen");
+        assert_eq!(*sm.subscribe().borrow().as_ref(), applied);
+    }
+
+    #[tokio::test]
+    async fn state_survives_reopen() {
+        use crate::coordinator::state::{Command, Stage};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log_id = LogId::new(openraft::CommittedLeaderId::new(1, 0), 1);
+        {
+            let (_log, mut sm) = open(dir.path()).expect("open");
+            let entry = Entry {
+                log_id,
+                payload: EntryPayload::Normal(Command::PutRules {
+                    files: [("a.yaml".to_string(), "domain: a\n".to_string())].into(),
+                    stage: Stage::All,
+                    at_unix_ms: 1,
+                }),
+            };
+            let out = sm.apply([entry]).await.expect("apply");
+            assert_eq!(out, vec![Outcome::Applied { version: Some(1) }]);
+        }
+        let (_log, sm) = open(dir.path()).expect("reopen");
+        let applied = sm.subscribe().borrow().clone();
+        assert_eq!(applied.last_applied, Some(log_id));
+        assert_eq!(applied.registry.current().map(|v| v.number), Some(1));
+    }
+
+    #[tokio::test]
+    async fn drills_applied_one_by_one_survive_reopen() {
+        use crate::coordinator::drill::{Actor, Event, Mode, StartDrill, What};
+        use crate::coordinator::state::{Command, RegionState};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let entry = |index: u64, command: Command| Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 0), index),
+            payload: EntryPayload::Normal(command),
+        };
+        let expected = {
+            let (_log, mut sm) = open(dir.path()).expect("open");
+            let out = sm
+                .apply([
+                    entry(
+                        1,
+                        Command::PutRegion {
+                            name: "eu".into(),
+                            weight: 1.0,
+                            state: RegionState::Active,
+                            at_unix_ms: 1,
+                        },
+                    ),
+                    entry(
+                        2,
+                        Command::StartDrill(StartDrill {
+                            region: "eu".into(),
+                            mode: Mode::Fail,
+                            duration_ms: None,
+                            note: String::new(),
+                            force: false,
+                            by: Actor::default(),
+                            at_unix_ms: 2,
+                        }),
+                    ),
+                ])
+                .await
+                .expect("apply");
+            assert_eq!(out[1], Outcome::Applied { version: Some(1) });
+            // An observation alone rewrites only its drill's row.
+            let events = vec![Event {
+                at_unix_ms: 3,
+                what: What::Acknowledged { epoch: 1 },
+            }];
+            sm.apply([entry(3, Command::DrillObserved { id: 1, events })])
+                .await
+                .expect("apply");
+            sm.subscribe().borrow().clone()
+        };
+        let (_log, sm) = open(dir.path()).expect("reopen");
+        let applied = sm.subscribe().borrow().clone();
+        assert_eq!(applied.registry.drills, expected.registry.drills);
+        assert_eq!(applied.registry.drills.by_id[&1].events.len(), 2);
+    }
+}

@@ -1,0 +1,148 @@
+//! The options that apply to a whole rule, whether it holds one limit
+//! (`rate_limit`) or several (`limits`): `fail_mode`, `confirm_ban`, where it
+//! is enforced (`scope`, and a global rule's `partition`, `fallback` and
+//! `fallback_hold`) and how exactly (`accuracy`, `sync_interval`,
+//! `max_batch`).
+
+use std::time::Duration;
+
+use marked_yaml::types::MarkedMappingNode;
+
+use super::Cx;
+use super::values::{is_null, line};
+use crate::algorithm::Algorithm;
+use crate::rules::{Accuracy, FailMode, Partition, Rule, Scope};
+
+const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_millis(50);
+/// The longest `fallback_hold`: a week of a dead region's share held back
+/// is already more than any operator means.
+const MAX_FALLBACK_HOLD: Duration = Duration::from_secs(7 * 24 * 3_600);
+
+impl Cx<'_> {
+    /// `fail_mode` of a descriptor.
+    pub(super) fn fail_mode(&mut self, map: &MarkedMappingNode, rule: &mut Rule) {
+        if let Some(n) = map.get_node("fail_mode").filter(|n| !is_null(n)) {
+            let choices = [
+                ("open", FailMode::Open),
+                ("closed", FailMode::Closed),
+                ("local", FailMode::Local),
+            ];
+            rule.fail_mode = self.choice(n, "fail_mode", &choices).unwrap_or_default();
+        }
+    }
+
+    /// `confirm_ban` of a descriptor (beside `rate_limit` or `limits`).
+    pub(super) fn confirm_ban(&mut self, map: &MarkedMappingNode, rule: &mut Rule) {
+        if let Some(n) = map.get_node("confirm_ban").filter(|n| !is_null(n)) {
+            rule.confirm_ban = self.boolean(n, "confirm_ban").unwrap_or(false);
+        }
+    }
+
+    /// Where a limit is enforced: `scope`, and a global rule's `partition`
+    /// and `fallback`.
+    pub(super) fn placement(&mut self, map: &MarkedMappingNode, rule: &mut Rule) {
+        let get = |f: &str| map.get_node(f).filter(|n| !is_null(n));
+        if let Some(n) = get("scope") {
+            let choices = [("region", Scope::Region), ("global", Scope::Global)];
+            rule.scope = self.choice(n, "scope", &choices).unwrap_or_default();
+        }
+        for field in ["partition", "fallback", "fallback_hold"] {
+            if let Some(n) = get(field)
+                && rule.scope != Scope::Global
+            {
+                self.err(line(n), field, "only allowed with scope: global");
+            }
+        }
+        if let Some(n) = get("partition") {
+            let choices = [
+                ("strict", Partition::Strict),
+                ("available", Partition::Available),
+            ];
+            rule.partition = self.choice(n, "partition", &choices).unwrap_or_default();
+        }
+        if let Some(n) = get("fallback")
+            && let Some(text) = self.string(n, "fallback")
+        {
+            match text.trim().parse::<f64>() {
+                Ok(f) if (0.0..=1.0).contains(&f) => rule.fallback = f,
+                _ => self.err(
+                    line(n),
+                    "fallback",
+                    format!("must be a number from 0.0 to 1.0, found {text:?}"),
+                ),
+            }
+        }
+        if let Some(n) = get("fallback_hold")
+            && let Some(hold) = self.duration(n, "fallback_hold")
+        {
+            if hold > MAX_FALLBACK_HOLD {
+                self.err(
+                    line(n),
+                    "fallback_hold",
+                    format!(
+                        "{hold:?} is longer than the most allowed, 7d (a longer hold strands \
+                         a dead region's share for that long)"
+                    ),
+                );
+            } else {
+                rule.fallback_hold = hold;
+            }
+        }
+    }
+
+    pub(super) fn accuracy(
+        &mut self,
+        map: &MarkedMappingNode,
+        rule: &mut Rule,
+        algorithm: Option<Algorithm>,
+    ) {
+        let get = |f: &str| map.get_node(f).filter(|n| !is_null(n));
+        let approximate = match get("accuracy") {
+            None => false,
+            Some(n) => {
+                let choices = [("exact", false), ("approximate", true)];
+                let approximate = self.choice(n, "accuracy", &choices).unwrap_or(false);
+                if let Some(a) = algorithm.filter(|_| approximate)
+                    && !a.has_approximate_path()
+                {
+                    self.err(
+                        line(n),
+                        "accuracy",
+                        format!(
+                            "approximate is only available for fixed_window, \
+                                 sliding_window_counter and token_bucket, not {a}"
+                        ),
+                    );
+                }
+                approximate
+            }
+        };
+        if !approximate {
+            for field in ["sync_interval", "max_batch"] {
+                if let Some(n) = get(field) {
+                    self.err(line(n), field, "only allowed with accuracy: approximate");
+                }
+            }
+            return;
+        }
+        let sync_interval = get("sync_interval")
+            .and_then(|n| self.duration(n, "sync_interval"))
+            .unwrap_or(DEFAULT_SYNC_INTERVAL);
+        let max_batch = get("max_batch").and_then(|n| match self.integer(n, "max_batch") {
+            Some(b) if b >= 1 => Some(b as u64),
+            Some(b) => {
+                self.err(
+                    line(n),
+                    "max_batch",
+                    format!("must be at least 1, found {b}"),
+                );
+                None
+            }
+            None => None,
+        });
+        rule.accuracy = Accuracy::Approximate {
+            sync_interval,
+            max_batch,
+        };
+    }
+}
