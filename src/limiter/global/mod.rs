@@ -12,14 +12,18 @@
 //! [`PodAccount`]'s (the simulator's pods report through it too); this
 //! module holds it behind a lock and publishes the gauges; `reporter` sends its
 //! reports over gRPC on the interval the coordinators give ([`ReportInterval`]),
-//! and `flight` tracks the checks a report waits for.
+//! `flight` tracks the checks a report waits for, and `saved` keeps the
+//! table in the region's Redis before each acknowledgement and restores it
+//! when the pod starts while no coordinator answers.
 
 mod flight;
 mod reporter;
+mod saved;
 #[cfg(test)]
 mod tests;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
 use metrics::{counter, gauge};
@@ -37,6 +41,7 @@ use crate::rules::{Rule, RuleSet, Scope};
 use flight::Flight;
 pub use flight::InFlight;
 use reporter::ReportInterval;
+use saved::{Keeper, Origin};
 
 /// What limit a check runs against.
 #[derive(Debug, Clone)]
@@ -101,6 +106,18 @@ pub struct Global {
     counted: RwLock<HashMap<String, u64>>,
     /// Checks under way, which a report drains before reading the window use.
     flight: Flight,
+    /// The region's Redis, where the table is kept for pods that start
+    /// while no coordinator answers; `None` with the memory store.
+    keeper: Option<Keeper>,
+    /// The newest epoch known kept in the region's Redis (0: none): reports
+    /// acknowledge no newer one. Written by the reporter (and the restore).
+    saved_epoch: AtomicU64,
+    /// Where the table in force came from ([`Origin`] as a byte): written
+    /// with the table, read by `/readyz` and the gauges.
+    origin: AtomicU8,
+    /// The id of the cluster the coordinator stream follows ("": none), kept
+    /// with the table. `std` mutex: cloned out, never held across an await.
+    cluster: Mutex<String>,
 }
 
 impl Global {
@@ -116,6 +133,10 @@ impl Global {
             report_interval: ReportInterval::default(),
             counted: RwLock::new(HashMap::new()),
             flight: Flight::default(),
+            keeper: None,
+            saved_epoch: AtomicU64::new(0),
+            origin: AtomicU8::new(Origin::None as u8),
+            cluster: Mutex::new(String::new()),
         }
     }
 
@@ -276,14 +297,7 @@ impl Global {
     /// over-limit cache holds as denied until the window ends may pass now.
     pub fn apply(&self, update: &pb::AllocationUpdate, rules: &RuleSet) -> bool {
         let update = RegionUpdate::from(update);
-        *self.counted.write().unwrap_or_else(|p| p.into_inner()) = rules
-            .rules()
-            .flat_map(|r| {
-                (0..=r.also.len()).filter_map(move |i| {
-                    Some((r.limit_id(i).into_owned(), Self::counted_window_ms(r, i)?))
-                })
-            })
-            .collect();
+        self.set_counted(rules);
         let window = |id: &str| {
             let (rule, index) = rules.limit_of(id)?;
             GlobalRule::of_limit(rule, index)?.policy.window_ms
@@ -309,6 +323,8 @@ impl Global {
         });
         match result {
             Ok(()) => {
+                self.origin
+                    .store(Origin::Coordinator as u8, Ordering::SeqCst);
                 gauge!("meridian_allocation_epoch").set(update.epoch as f64);
                 gauge!("meridian_allocation_valid_until_seconds")
                     .set(update.valid_until_ms as f64 / 1000.0);
@@ -327,6 +343,18 @@ impl Global {
                 false
             }
         }
+    }
+
+    /// The limits of `rules` whose window use this pod reports.
+    fn set_counted(&self, rules: &RuleSet) {
+        *self.counted.write().unwrap_or_else(|p| p.into_inner()) = rules
+            .rules()
+            .flat_map(|r| {
+                (0..=r.also.len()).filter_map(move |i| {
+                    Some((r.limit_id(i).into_owned(), Self::counted_window_ms(r, i)?))
+                })
+            })
+            .collect();
     }
 
     /// Publishes each global rule's allocation here (called when /metrics is
@@ -363,6 +391,8 @@ impl Global {
         drop(account);
         if self.coordinated {
             gauge!("meridian_report_interval_seconds").set(self.report_interval().0.as_secs_f64());
+            let restored = self.origin.load(Ordering::SeqCst) == Origin::Restored as u8;
+            gauge!("meridian_allocation_restored").set(if restored { 1.0 } else { 0.0 });
         }
     }
 }

@@ -155,8 +155,12 @@ impl Global {
             // Checks that read the table before it changed are counted
             // first; if some take too long, the window use is left out (the
             // centre then grants nothing within the window).
-            let held = self.held();
+            let mut held = self.held();
             let drained = self.flight.drain(Duration::from_millis(200)).await;
+            // An epoch is acknowledged only once the region's Redis keeps
+            // it (or a newer one): a pod restarted without a coordinator
+            // then never restores a table older than the region acknowledged.
+            held.epoch = self.save_through(held.epoch).await;
             let mut report = self.take_report_held(with_demand, held);
             if !drained {
                 report.used.clear();

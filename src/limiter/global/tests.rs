@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::reporter::IntervalSource;
+use super::saved::{MAX_SAVED_TABLE_BYTES, Phase};
 use super::*;
 use crate::rules::RuleFile;
 
@@ -259,4 +260,72 @@ fn a_rule_that_is_not_global_or_not_coordinated_is_not_counted() {
         ),
         "no allocation received yet: nothing is admitted"
     );
+}
+
+#[test]
+fn what_the_pod_enforces_is_told_and_without_a_shared_store_nothing_is_kept() {
+    let global = Global::new("r", "pod", true);
+    let status = global.allocation_status();
+    assert_eq!(
+        (status.origin, status.phase, status.saved_epoch),
+        (Origin::None, Phase::None, None)
+    );
+    let (rules, rule) = (global_rules(), global_rule());
+    allocate(&global, &rules, &rule, 6);
+    let status = global.allocation_status();
+    assert_eq!(
+        (status.origin, status.epoch, status.phase),
+        (Origin::Coordinator, 1, Phase::Lease)
+    );
+    assert!(
+        status
+            .to_string()
+            .starts_with("allocation: source=coordinator epoch=1 lease_valid_until_unix_ms=")
+            && status.to_string().ends_with(" phase=lease saved_epoch=off"),
+        "{status}"
+    );
+    // The memory store keeps nothing: the epoch is acknowledged as held.
+    let acked = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime")
+        .block_on(global.save_through(1));
+    assert_eq!(acked, 1);
+}
+
+/// The bound `MAX_SAVED_TABLE_BYTES` is stated against: a rule with 1,000
+/// key entries of 40-byte keys, and of 512-byte keys (the longest).
+#[test]
+fn a_kept_table_of_a_thousand_entries_is_tens_to_hundreds_of_kilobytes() {
+    let size = |key_len: usize| {
+        let global = Global::new("r", "pod", true);
+        let (rules, rule) = (global_rules(), global_rule());
+        let update = pb::AllocationUpdate {
+            epoch: 1,
+            valid_until_unix_ms: now_unix_ms() + 60_000,
+            full: true,
+            rules: vec![pb::RuleAllocation {
+                rule: rule.id.clone(),
+                limit: 1_000_000,
+                fallback: 200_000,
+                split: Some(400_000),
+                keys: (0..1_000)
+                    .map(|i| pb::KeyAllocation {
+                        key: format!("{i:0>key_len$}"),
+                        value: Some(123_456),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        global.apply(&update, &rules);
+        let table = global.table.read().expect("table").saved();
+        serde_json::to_vec(&table).expect("serializes").len()
+    };
+    let (short, long) = (size(40), size(512));
+    eprintln!("1,000 entries: {short} bytes (40-byte keys), {long} bytes (512-byte keys)");
+    assert!(short < 100_000, "{short}");
+    assert!(long < 600_000, "{long}");
+    assert!(MAX_SAVED_TABLE_BYTES >= 16 * long, "room for 16 such rules");
 }
