@@ -12,10 +12,16 @@
 //!   coordinator keeps that share reserved and then re-grants it.
 //! - Before any allocation arrives a global rule allows nothing; a limiter
 //!   without a coordinator enforces the whole limit instead (one region).
+//! - A table can be kept and restored whole ([`SavedTable`]), so a pod that
+//!   starts while no coordinator answers enforces its region's last one.
+
+mod saved;
 
 use std::collections::HashMap;
 
 use super::{Allocations, Epoch, EpochDelta, Millis};
+
+pub use saved::{SAVED_TABLE_VERSION, SavedRule, SavedTable, SavedValue};
 
 /// What one region is sent for one epoch (a whole snapshot or the changes).
 #[derive(Debug, Clone, PartialEq, Default)]

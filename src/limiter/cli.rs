@@ -359,10 +359,27 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
         );
     }
     let pod = args.pod_id.clone().unwrap_or_else(default_pod_id);
-    let global = Arc::new(
-        Global::new(&args.region, &pod, !args.coordinator.is_empty())
-            .with_report_interval(args.report_interval),
-    );
+    let mut global = Global::new(&args.region, &pod, !args.coordinator.is_empty())
+        .with_report_interval(args.report_interval);
+    if !args.coordinator.is_empty() {
+        match engine.store() {
+            AnyStore::Redis(store) => {
+                global = global.keeping_table_in(store.as_ref().clone(), &args.region);
+            }
+            AnyStore::Memory(_) => tracing::info!(
+                "--store memory: the allocation table is not kept; a restart while no \
+                 coordinator answers enforces no global rule until one does"
+            ),
+        }
+    }
+    let global = Arc::new(global);
+    // Before the coordinator stream: until a coordinator answers, the
+    // region's last table (lapsing on its lease) rather than nothing.
+    if let Some(cluster) = held.cluster_id
+        && held.enforce.is_some()
+    {
+        global.restore(cluster, &rules.current()).await;
+    }
     let limiter = Arc::new(Service {
         engine,
         rules: rules.clone(),

@@ -314,10 +314,13 @@ async fn ready(State(state): State<HttpState>) -> Response {
     let global = &state.limiter.global;
     let reporting = if global.reports() {
         let (interval, source) = global.report_interval();
+        // What global rules are enforced against: with no coordinator
+        // answering, a restored table or nothing (every check denied).
         format!(
-            "report interval: {} ({})\n",
+            "report interval: {} ({})\n{}\n",
             flag_text(interval),
-            source.as_str()
+            source.as_str(),
+            global.allocation_status()
         )
     } else {
         String::new()

@@ -358,6 +358,7 @@ impl Feed {
                     return Err(refusal.into());
                 }
                 admitted = true;
+                self.global.follow_cluster(selection.cluster_id);
                 let changed =
                     (&held.enforce, &held.shadow) != (&selection.enforce, &selection.shadow);
                 if changed {

@@ -62,6 +62,16 @@ fn check_len(field: &'static str, value: &str) -> Result<(), InvalidInput> {
     Ok(())
 }
 
+/// `mr:allocation:{<region>}`: where the region's pods keep the allocation
+/// table they enforce (`store::redis::saved_table`), in one slot of its own.
+pub fn allocation_table_key(region: &str) -> String {
+    let mut out = String::with_capacity(region.len() + 16);
+    out.push_str("mr:allocation:{");
+    escape_into(region, &mut out);
+    out.push('}');
+    out
+}
+
 fn escape_into(s: &str, out: &mut String) {
     if !s.contains(['%', '{', '}', ':']) {
         out.push_str(s);
@@ -103,6 +113,15 @@ mod tests {
             key_prefix("r", "%7B").unwrap(),
             key_prefix("r", "{").unwrap()
         );
+    }
+
+    #[test]
+    fn the_allocation_table_key_is_no_counter_key_and_has_its_own_tag() {
+        let k = allocation_table_key("mumbai");
+        assert_eq!(k, "mr:allocation:{mumbai}");
+        assert_eq!(hash_tag(&k), "mumbai");
+        assert_eq!(hash_tag(&allocation_table_key("a}b")), "a%7Db");
+        assert!(!k.starts_with("mr:{"));
     }
 
     #[test]

@@ -63,3 +63,12 @@ async fn crafted_keys_stay_in_one_slot_and_apart() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_allocation_table_is_kept_compare_and_set_by_epoch_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::connect(&RedisConfig::new(cluster.url()))
+        .await
+        .expect("connect to cluster");
+    crate::redis_store::the_allocation_table_is_kept_compare_and_set_by_epoch(&store).await;
+}

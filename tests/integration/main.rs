@@ -38,6 +38,7 @@ mod global_failover;
 mod global_in_window;
 mod global_last_report;
 mod global_partition;
+mod global_restart;
 mod global_shift;
 mod global_top_up;
 mod health;

@@ -598,3 +598,102 @@ async fn a_bucket_whose_limit_changes_gets_no_tokens_from_the_change() {
         assert!(d.allowed, "{algorithm}: no refill at the new rate: {d:?}");
     }
 }
+
+/// The region's allocation table (`mr:allocation:{<region>}`) is written
+/// compare-and-set by epoch: an older epoch of the same cluster never
+/// replaces a newer one, another cluster's table is replaced, and the key
+/// expires when the caller says. Run on a standalone server here and on a
+/// Cluster in `cluster.rs`.
+pub(crate) async fn the_allocation_table_is_kept_compare_and_set_by_epoch(store: &RedisStore) {
+    use meridian::store::redis::StoredTable;
+    let table = |cluster: &str, epoch: u64, text: &str| StoredTable {
+        cluster: cluster.into(),
+        epoch,
+        table: text.as_bytes().to_vec(),
+    };
+    let expire = |s: i64| now_ms() + s * 1_000;
+    assert_eq!(store.load_table("mumbai").await.expect("load"), None);
+    assert_eq!(
+        store
+            .save_table("mumbai", &table("c1", 7, "seven"), expire(60))
+            .await
+            .expect("save"),
+        7
+    );
+    // A pod that applies an older epoch late keeps the newer table.
+    assert_eq!(
+        store
+            .save_table("mumbai", &table("c1", 6, "six"), expire(60))
+            .await
+            .expect("save"),
+        7
+    );
+    assert_eq!(
+        store
+            .save_table("mumbai", &table("c1", 7, "seven again"), expire(60))
+            .await
+            .expect("save"),
+        7
+    );
+    assert_eq!(
+        store.load_table("mumbai").await.expect("load"),
+        Some(table("c1", 7, "seven"))
+    );
+    assert_eq!(
+        store.saved_table_epoch("mumbai").await.expect("epoch"),
+        Some(("c1".into(), 7))
+    );
+    assert_eq!(
+        store
+            .save_table("mumbai", &table("c1", 8, "eight"), expire(60))
+            .await
+            .expect("save"),
+        8
+    );
+    // Another cluster's epochs say nothing about this one's.
+    assert_eq!(
+        store
+            .save_table("mumbai", &table("c2", 1, "one"), expire(60))
+            .await
+            .expect("save"),
+        1
+    );
+    assert_eq!(
+        store.load_table("mumbai").await.expect("load"),
+        Some(table("c2", 1, "one"))
+    );
+    // Regions apart; a table too large to keep leaves its epoch and no table.
+    assert_eq!(store.load_table("hyderabad").await.expect("load"), None);
+    let none = table("c2", 2, "");
+    assert_eq!(
+        store
+            .save_table("mumbai", &none, expire(60))
+            .await
+            .expect("save"),
+        2
+    );
+    assert_eq!(store.load_table("mumbai").await.expect("load"), Some(none));
+    // Expired when the table can admit nothing any more.
+    let gone = table("c2", 3, "three");
+    let saved = store.save_table("mumbai", &gone, expire(-1)).await;
+    assert_eq!(saved.expect("save"), 3);
+    assert_eq!(store.load_table("mumbai").await.expect("load"), None);
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_allocation_table_is_kept_compare_and_set_by_epoch_on_a_server() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    the_allocation_table_is_kept_compare_and_set_by_epoch(&store).await;
+    let ttl: i64 = server
+        .connection()
+        .pttl("mr:allocation:{mumbai}")
+        .expect("PTTL");
+    assert_eq!(ttl, -2, "the expired table is gone");
+}

@@ -24,9 +24,11 @@ use tokio::sync::oneshot;
 mod coalesce;
 mod flush;
 mod lanes;
+mod saved_table;
 mod sentinel;
 
 pub(crate) use flush::{Delta, Flushed, Global, slot};
+pub use saved_table::StoredTable;
 // Only the server's worker threads bind a lane.
 #[cfg(feature = "server")]
 pub(crate) use lanes::bind_thread;

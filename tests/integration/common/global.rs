@@ -30,7 +30,35 @@ pub struct Region {
     pub limiter: LimiterProcess,
     /// One per coordinator node, in node order.
     pub proxies: Vec<Proxy>,
-    _dir: TempDir,
+    /// The limiter's flags (coordinators through the proxies, Redis, rules
+    /// cache): another pod, or the same one again, starts with them.
+    pub args: Vec<String>,
+    /// Holds the rules caches.
+    dir: TempDir,
+}
+
+impl Region {
+    /// Starts the region's limiter again with the same flags and rules
+    /// cache (after [`LimiterProcess::kill`], as a restarted pod).
+    pub fn start_again(&mut self) {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        self.limiter = LimiterProcess::start_without_rules(&args);
+    }
+
+    /// Starts another pod of the region, `--pod-id pod`: the same Redis and
+    /// coordinators (through the same proxies), a rules cache of its own.
+    pub fn start_pod(&self, pod: &str) -> LimiterProcess {
+        let cache = self.dir.path().join(format!("rules-cache-{pod}.json"));
+        let mut args = self.args.clone();
+        let at = args
+            .iter()
+            .position(|a| a == "--rules-cache")
+            .expect("the region's flags name a rules cache");
+        args[at + 1] = cache.to_str().expect("utf-8 path").to_string();
+        args.extend(["--pod-id".to_string(), pod.to_string()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        LimiterProcess::start_without_rules(&args)
+    }
 }
 
 pub struct World {
@@ -197,14 +225,15 @@ impl World {
             if let Some(interval) = report_interval {
                 args.extend(["--report-interval".to_string(), interval.to_string()]);
             }
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let limiter = LimiterProcess::start_without_rules(&args);
+            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+            let limiter = LimiterProcess::start_without_rules(&argv);
             world.regions.push(Region {
                 name: name.to_string(),
                 _redis: redis,
                 limiter,
                 proxies,
-                _dir: dir,
+                args,
+                dir,
             });
         }
         world
