@@ -24,7 +24,8 @@ use std::collections::HashMap;
 use foldhash::fast::RandomState;
 
 use super::demand::{KeyDemand, MAX_REPORT_TOP_UPS, REPORT_TOP_KEYS, bound_report};
-use super::leader::{PeriodAdmitted, PodReport, RuleDemand, RuleUse, TopUp};
+use super::leader::{PodReport, RuleDemand, RuleUse, TopUp};
+use super::ledger::PeriodAdmitted;
 use super::{Epoch, Millis, WindowUse};
 
 /// Distinct keys counted between two reports, over all global rules;

@@ -25,9 +25,8 @@ use super::node::{Node, Write};
 use super::raft::storage::Applied;
 use super::state::{Command, RegionState, Registry};
 use crate::allocation::demand::PodEpoch;
-use crate::allocation::leader::{
-    ACK_DEBOUNCE_MS, GlobalRule, Leader, LeaderConfig, PodReport, RegionDef,
-};
+use crate::allocation::global_rule::GlobalRule;
+use crate::allocation::leader::{ACK_DEBOUNCE_MS, Leader, LeaderConfig, PodReport, RegionDef};
 use crate::allocation::ledger::{Ledger, Terms};
 use crate::allocation::{EpochDelta, Millis, RegionStatus};
 use crate::clock::now_unix_ms;

@@ -17,7 +17,8 @@ use rand::{Rng, SeedableRng};
 use crate::algorithm::Algorithm;
 use crate::algorithm::Micros;
 use crate::allocation::demand::DemandTracker;
-use crate::allocation::leader::{GlobalRule, Leader, PodReport, RegionDef};
+use crate::allocation::global_rule::GlobalRule;
+use crate::allocation::leader::{Leader, PodReport, RegionDef};
 use crate::allocation::pod::{CountedRule, Decided, Holding, PodAccount};
 use crate::allocation::table::{RegionUpdate, RuleUpdate, Table, region_update};
 use crate::allocation::{
