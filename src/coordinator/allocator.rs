@@ -143,7 +143,7 @@ impl Allocator {
     /// Accepts a report here (leader) or relays it to the leader.
     pub async fn report(&self, report: pb::DemandReport, forwarded: bool) -> Result<u64, Status> {
         // Checked where it arrives: a follower relays only what it accepted.
-        let accepted = super::report::accept(&report)?;
+        let accepted = super::report_bounds::accept(&report)?;
         let drill = self
             .node
             .applied

@@ -14,7 +14,7 @@ pub struct PeriodFigure {
     pub period_ms: u64,
     /// `L` when the period was measured.
     pub limit: u64,
-    /// The stated bound then ([`Terms::bound`]).
+    /// The stated bound then ([`Terms::bound`](super::Terms::bound)).
     pub bound: u64,
     /// The busiest tracked key; `None` when no key was reported (then
     /// `admitted` is the all-keys count).
@@ -69,9 +69,9 @@ pub struct Dropped {
     pub future: u64,
     /// A period already finished.
     pub late: u64,
-    /// A pod beyond [`MAX_PODS_PER_REGION`] in a period, or a region beyond
-    /// [`MAX_REGIONS`].
+    /// A pod beyond [`MAX_PODS_PER_REGION`](super::MAX_PODS_PER_REGION) in a period, or a region beyond
+    /// [`MAX_REGIONS`](super::MAX_REGIONS).
     pub pods: u64,
-    /// A key less busy than every one of the [`MAX_KEYS`] tracked.
+    /// A key less busy than every one of the [`MAX_KEYS`](super::MAX_KEYS) tracked.
     pub keys: u64,
 }

@@ -95,7 +95,7 @@ pub const HOUR_MS: Millis = 3_600_000;
 /// The longest a period waits after its end for the pods' final counts.
 pub const FINAL_WAIT_MAX_MS: Millis = 60_000;
 /// Longest key and pod name (`store::key::MAX_KEY_LEN`,
-/// `coordinator::report::MAX_POD_NAME`), for the stated bytes.
+/// `coordinator::report_bounds::MAX_POD_NAME`), for the stated bytes.
 const KEY_BYTES: usize = 512;
 const POD_BYTES: usize = 253;
 const REGION_BYTES: usize = 64;

@@ -7,7 +7,7 @@ use std::rc::Rc;
 
 use rand::Rng;
 
-use super::{Engine, Event, RULE, Strategy, T0_MS, abs};
+use super::{Event, RULE, SimWorld, Strategy, T0_MS, abs};
 use crate::algorithm::Algorithm;
 use crate::allocation::demand::DemandTracker;
 use crate::allocation::global_rule::GlobalRule;
@@ -18,8 +18,8 @@ use crate::allocation::{Allocations, EpochDelta, fallback_share};
 use crate::rules::Accuracy;
 use crate::sim::scenario::Scenario;
 
-/// The coordinator's memory.
-pub(super) struct Coordinator {
+/// The simulated coordinator's memory.
+pub(super) struct SimCoordinator {
     /// The committed allocation state (Meridian); Proportional uses only its
     /// epoch number.
     pub(super) state: Allocations,
@@ -39,7 +39,7 @@ pub(super) struct Coordinator {
     pub(super) regions: Vec<RegionDef>,
 }
 
-impl Engine {
+impl SimWorld {
     /// The coordinator hears a pod's report.
     pub(super) fn ingest(&mut self, at: i64, report: &PodReport) {
         let meridian = self.strategy == Strategy::Meridian;

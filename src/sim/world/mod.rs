@@ -21,7 +21,7 @@ use std::rc::Rc;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use self::control::{Coordinator, new_leader};
+use self::control::{SimCoordinator, new_leader};
 use super::enforce::{Counters, ParamsCache};
 use super::scenario::Scenario;
 use super::traffic::Batch;
@@ -94,7 +94,8 @@ enum Event {
     Round,
 }
 
-struct Pod {
+/// A simulated limiter pod: its allocation table and its report account.
+struct SimPod {
     table: Table,
     /// What the pod counted and reports: the limiter's own [`PodAccount`].
     account: PodAccount,
@@ -103,9 +104,11 @@ struct Pod {
     next_report: i64,
 }
 
-struct Region {
+/// A simulated region: its counters (its Redis), its pods, and its static
+/// share (the `static` strategy's limit).
+struct SimRegion {
     counters: Counters,
-    pods: Vec<Pod>,
+    pods: Vec<SimPod>,
     static_share: u64,
 }
 
@@ -133,13 +136,14 @@ pub struct WindowAcc {
     pub bucket_excess: f64,
 }
 
-pub struct Engine {
+/// One strategy's world (see the module doc), stepped in virtual time.
+pub struct SimWorld {
     pub strategy: Strategy,
     scenario: Rc<Scenario>,
     keys: Rc<[String]>,
-    regions: Vec<Region>,
+    regions: Vec<SimRegion>,
     ideal: Option<Counters>,
-    coordinator: Option<Coordinator>,
+    coordinator: Option<SimCoordinator>,
     params: ParamsCache,
     events: BTreeMap<(i64, u64), Event>,
     seq: u64,
@@ -165,13 +169,13 @@ fn abs_us(t: i64) -> Micros {
     (abs(t) as u64) * 1000
 }
 
-impl Engine {
+impl SimWorld {
     pub fn new(
         scenario: Rc<Scenario>,
         strategy: Strategy,
         seed: u64,
         keys: Rc<[String]>,
-    ) -> Engine {
+    ) -> SimWorld {
         let s = &scenario;
         let inputs: Vec<RegionInput> = s
             .regions
@@ -190,10 +194,10 @@ impl Engine {
             .iter()
             .zip(&statics)
             .enumerate()
-            .map(|(i, (r, share))| Region {
+            .map(|(i, (r, share))| SimRegion {
                 counters: Counters::new(s.rule.algorithm, s.traffic.customers),
                 pods: (0..r.pods)
-                    .map(|p| Pod {
+                    .map(|p| SimPod {
                         table: pod_table(s),
                         account: pod_account(s, &r.name, p),
                         next_report: first_report(s, i, p),
@@ -204,7 +208,7 @@ impl Engine {
             .collect();
         let coordinator =
             matches!(strategy, Strategy::Proportional | Strategy::Meridian).then(|| {
-                Coordinator {
+                SimCoordinator {
                     state: Allocations::default(),
                     leader: new_leader(s),
                     lead_at: None,
@@ -225,7 +229,7 @@ impl Engine {
                 }
             });
         let n = s.regions.len();
-        let mut engine = Engine {
+        let mut world = SimWorld {
             strategy,
             keys,
             regions,
@@ -248,8 +252,8 @@ impl Engine {
             partitioned_before: vec![false; n],
             scenario,
         };
-        engine.bootstrap();
-        engine
+        world.bootstrap();
+        world
     }
 
     /// The system has been running before t = 0: every pod holds the first

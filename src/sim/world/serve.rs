@@ -4,12 +4,12 @@
 
 use rand::Rng;
 
-use super::{Engine, Event, RULE, Strategy, abs, abs_us};
+use super::{Event, RULE, SimWorld, Strategy, abs, abs_us};
 use crate::algorithm::Algorithm;
 use crate::allocation::pod::Decided;
 use crate::sim::traffic::Batch;
 
-impl Engine {
+impl SimWorld {
     pub(super) fn serve(&mut self, t: i64, batches: &[Batch]) {
         let now_ms = abs(t);
         let now_us = abs_us(t);
