@@ -1,14 +1,18 @@
 //! Meridian: a multi-region rate limiter. The architecture is described in
 //! `docs/architecture.md`.
 //!
-//! Embedding the limiter in a Rust process: [`Limiter`] (see [`library`]),
+//! Embedding the limiter in a Rust process: [`Limiter`] (see [`embedded`]),
 //! over a store from [`store`], with rules from [`rules`]; the algorithms
 //! themselves are the pure state machines of [`algorithm`]. With
 //! `default-features = false` the crate is that library alone (`redis` adds
 //! the Redis store); the `server` feature (on by default) adds the binary's
-//! services, reached through [`commands`], the pure global-limit logic of
-//! [`allocation`], the simulator ([`sim`]) and the gRPC types ([`proto`]) a
-//! gateway or a test uses to call the limiter and the coordinator.
+//! services and the gRPC types ([`proto`]) a gateway or a test uses to call
+//! the limiter and the coordinator.
+//!
+//! The binary's entry points (`commands`), the pure global-limit logic
+//! (`allocation`) and the simulator (`sim`) are public only so that the
+//! binary, the tests and the benchmarks reach them: they are hidden from
+//! these docs and are no API to embed.
 
 // Without the services, the engine's operational surface (gauges, lanes,
 // the breaker's state, rule-file paths) has no caller in the crate: it is not
@@ -18,6 +22,7 @@
 
 pub mod algorithm;
 #[cfg(feature = "server")]
+#[doc(hidden)]
 pub mod allocation;
 #[cfg(feature = "server")]
 mod bench;
@@ -25,6 +30,7 @@ mod clock;
 #[cfg(feature = "server")]
 mod cluster_id;
 #[cfg(feature = "server")]
+#[doc(hidden)]
 pub mod commands;
 #[cfg(feature = "server")]
 mod coordinator;
@@ -32,7 +38,7 @@ mod coordinator;
 mod ctl;
 #[cfg(feature = "server")]
 mod demo;
-pub mod library;
+pub mod embedded;
 mod limiter;
 #[cfg(feature = "server")]
 pub mod proto;
@@ -44,6 +50,7 @@ mod serve;
 #[cfg(feature = "server")]
 mod shutdown;
 #[cfg(feature = "server")]
+#[doc(hidden)]
 pub mod sim;
 #[cfg(feature = "server")]
 mod slots;
@@ -57,5 +64,5 @@ mod tls;
 #[cfg(feature = "server")]
 mod traces;
 
-pub use library::{BuildError, Builder, Limiter};
+pub use embedded::{BuildError, Builder, Limiter};
 pub use limiter::{EngineConfig, Source, Verdict};

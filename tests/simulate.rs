@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use meridian::sim::{Run, Scenario, Strategy, StrategyRun, report, simulate};
+use meridian::sim::{Run, Scenario, Strategy, StrategyRun, output, simulate};
 
 fn load(name: &str) -> Scenario {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -233,7 +233,7 @@ fn the_same_seed_gives_byte_identical_output() {
     let dir = tempfile::tempdir().expect("temp dir");
     for sub in ["a", "b"] {
         let r = simulate(short("partition-available", 70), 11, &mut |_| {});
-        report::write(&r, &dir.path().join(sub)).expect("write");
+        output::write(&r, &dir.path().join(sub)).expect("write");
     }
     for file in [
         "timeseries.csv",
@@ -248,7 +248,7 @@ fn the_same_seed_gives_byte_identical_output() {
     }
     let other = simulate(short("partition-available", 70), 12, &mut |_| {});
     assert_ne!(
-        report::csv(&other),
+        output::csv(&other),
         String::from_utf8(std::fs::read(dir.path().join("a/timeseries.csv")).expect("a"))
             .expect("utf8"),
         "another seed draws other traffic"

@@ -4,7 +4,8 @@
 //! flap (issue: rounds every 2 s, reports every 10 s, a third of real runs
 //! used 60–79 % of capacity).
 
-use super::leader::{GlobalRule, Leader, LeaderConfig, PodReport, RegionDef, RuleDemand};
+use super::global_rule::GlobalRule;
+use super::leader::{Leader, LeaderConfig, PodReport, RegionDef, RuleDemand};
 use super::{Allocations, Config, Millis, RegionStatus, demand::KeyDemand};
 use crate::algorithm::Algorithm;
 use crate::rules::{Accuracy, Partition};

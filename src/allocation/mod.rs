@@ -21,6 +21,7 @@
 
 pub mod cadence;
 pub mod demand;
+pub mod global_rule;
 pub mod leader;
 pub mod ledger;
 pub mod pod;

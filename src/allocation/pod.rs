@@ -24,7 +24,8 @@ use std::collections::HashMap;
 use foldhash::fast::RandomState;
 
 use super::demand::{KeyDemand, MAX_REPORT_TOP_UPS, REPORT_TOP_KEYS, bound_report};
-use super::leader::{PeriodAdmitted, PodReport, RuleDemand, RuleUse, TopUp};
+use super::leader::{PodReport, RuleDemand, RuleUse, TopUp};
+use super::ledger::PeriodAdmitted;
 use super::{Epoch, Millis, WindowUse};
 
 /// Distinct keys counted between two reports, over all global rules;
@@ -43,7 +44,7 @@ pub const TOP_UP_EVERY_MS: Millis = 1_000;
 pub const TOP_UP_MIN_SPAN_MS: Millis = 200;
 /// Keys per rule and period whose admitted count a report carries, the
 /// busiest first (the whole rule is one more entry). The coordinator
-/// refuses more (`coordinator::report::MAX_ADMITTED_KEYS`).
+/// refuses more (`coordinator::report_bounds::MAX_ADMITTED_KEYS`).
 pub const ADMITTED_TOP_KEYS: usize = 16;
 /// Keys whose per-period admitted count is kept, over every rule and both
 /// periods held. A key first admitted once this many are held counts in

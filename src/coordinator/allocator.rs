@@ -25,9 +25,8 @@ use super::node::{Node, Write};
 use super::raft::storage::Applied;
 use super::state::{Command, RegionState, Registry};
 use crate::allocation::demand::PodEpoch;
-use crate::allocation::leader::{
-    ACK_DEBOUNCE_MS, GlobalRule, Leader, LeaderConfig, PodReport, RegionDef,
-};
+use crate::allocation::global_rule::GlobalRule;
+use crate::allocation::leader::{ACK_DEBOUNCE_MS, Leader, LeaderConfig, PodReport, RegionDef};
 use crate::allocation::ledger::{Ledger, Terms};
 use crate::allocation::{EpochDelta, Millis, RegionStatus};
 use crate::clock::now_unix_ms;
@@ -144,7 +143,7 @@ impl Allocator {
     /// Accepts a report here (leader) or relays it to the leader.
     pub async fn report(&self, report: pb::DemandReport, forwarded: bool) -> Result<u64, Status> {
         // Checked where it arrives: a follower relays only what it accepted.
-        let accepted = super::report::accept(&report)?;
+        let accepted = super::report_bounds::accept(&report)?;
         let drill = self
             .node
             .applied

@@ -268,7 +268,8 @@ impl coordinator_server::Coordinator for CoordinatorService {
         not_cut_off(&self.applied.borrow(), &request.get_ref().region)?;
         let slot = self.streams.open(client_of(&request))?;
         let pb::WatchRequest { region, pod } = request.into_inner();
-        if !crate::allocation::valid_region_name(&region) || pod.len() > super::report::MAX_POD_NAME
+        if !crate::allocation::valid_region_name(&region)
+            || pod.len() > super::report_bounds::MAX_POD_NAME
         {
             return Err(Status::invalid_argument(
                 "region must be a region name (1–64 characters of a-z, 0-9, '-' or '_') and pod at most 253 bytes",

@@ -226,7 +226,8 @@ pub fn drill_figures(ledger: &Ledger, rules: &BTreeMap<String, Millis>) -> Ledge
 mod tests {
     use super::*;
     use crate::algorithm::Algorithm;
-    use crate::allocation::leader::{GlobalRule, PeriodAdmitted};
+    use crate::allocation::global_rule::GlobalRule;
+    use crate::allocation::ledger::PeriodAdmitted;
     use crate::rules::{Accuracy, Partition};
 
     const T0: Millis = 1_700_000_040_000;

@@ -13,7 +13,6 @@ pub mod allocator;
 pub mod api;
 pub mod args;
 pub mod drill;
-pub mod drills;
 pub mod freshness;
 pub mod grpc;
 pub mod history;
@@ -22,7 +21,7 @@ pub mod ledger;
 pub mod live;
 pub mod node;
 pub mod raft;
-pub mod report;
+pub mod report_bounds;
 pub mod state;
 pub mod validation;
 pub mod viewers;
@@ -350,7 +349,7 @@ fn spawn_loops(
     tasks.spawn("allocator", Arc::clone(allocator).run());
     tasks.spawn(
         "drills",
-        drills::Drills::new(Arc::clone(node), Arc::clone(allocator)).run(),
+        drill::runner::DrillRunner::new(Arc::clone(node), Arc::clone(allocator)).run(),
     );
     tasks.spawn(
         "dashboard history",

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::drill::{Drills, Event as DrillEvent, StartDrill, Stop};
-use crate::allocation::leader::GlobalRule;
+use crate::allocation::global_rule::GlobalRule;
 use crate::allocation::{Allocations, EpochDelta};
 use crate::cluster_id::ClusterId;
 use crate::rules::{RuleErrors, RuleFile, RuleSet};

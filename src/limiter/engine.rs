@@ -7,18 +7,19 @@
 //! Matching a request to rules happens before (in the API layers, through
 //! `RuleSet::resolve`); the engine decides one (rule, counter key, cost).
 
-use std::collections::HashMap;
-use std::sync::{Arc, OnceLock, RwLock};
+#[cfg(feature = "redis")]
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use metrics::{Counter, Histogram, counter, gauge, histogram};
+use metrics::{counter, gauge};
 
 #[cfg(feature = "redis")]
 use super::batcher::{self, Batcher, Batching};
 use super::breaker::Breaker;
 use super::cache::OverLimitCache;
+use super::check_metrics::CheckMetrics;
 use super::split::SubCounters;
-use super::value_metrics::{Outcome, ValueMetrics};
+use super::verdict::{Source, Verdict, cached_denial, fail_decision, shadow, tightest, unlimited};
 use crate::algorithm::{Decision, DenyReason, InvalidInput, Params};
 #[cfg(feature = "redis")]
 use crate::rules::Accuracy;
@@ -26,65 +27,6 @@ use crate::rules::{FailMode, Rule};
 #[cfg(feature = "redis")]
 use crate::store::RedisStore;
 use crate::store::{AnyStore, Limit, MemoryStore, Store, StoreError};
-
-/// How a verdict was reached; reported to clients and counted in metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// Decided by the store (Redis, or the embedded store): the normal path.
-    Store,
-    /// Denied from the local over-limit cache, without a store call.
-    Cache,
-    /// The rule is `unlimited`.
-    Unlimited,
-    /// Store failed (or breaker open): allowed by `fail_mode: open`.
-    FailOpen,
-    /// Store failed: denied by `fail_mode: closed`.
-    FailClosed,
-    /// Store failed: decided in memory at limit ÷ pods by `fail_mode: local`.
-    FailLocal,
-    /// A global rule whose allocation in this region is 0 (or not received
-    /// yet): denied without a store call.
-    NoAllocation,
-    /// `requests_per_unit: 0`: every request denied, without a store call.
-    ZeroLimit,
-}
-
-/// The engine's answer for one check.
-#[derive(Debug, Clone)]
-pub struct Verdict {
-    /// What the caller is told (a shadow rule's denial is already turned into an allow).
-    pub decision: Decision,
-    /// Which path decided, so a client or a metric can tell a store's answer from
-    /// a cached or fail-mode one.
-    pub source: Source,
-    /// The rule is in shadow mode and would have denied.
-    pub shadow_denied: bool,
-    /// Which of a `limits:` rule's limits the decision is (0 = the first,
-    /// and for every single-limit rule): its unit is `Rule::unit_of`.
-    pub limit_index: usize,
-}
-
-impl Verdict {
-    /// A short machine-readable reason: `over_limit`, `cost_exceeds_capacity`,
-    /// `cached_over_limit`, `fail_open`, `fail_closed`, `fail_local`, or empty.
-    pub fn reason(&self) -> &'static str {
-        match self.source {
-            Source::FailOpen => "fail_open",
-            Source::FailClosed => "fail_closed",
-            Source::FailLocal => "fail_local",
-            Source::Cache => "cached_over_limit",
-            Source::NoAllocation => "no_allocation",
-            Source::ZeroLimit => "over_limit",
-            Source::Store | Source::Unlimited => match self.decision.reason {
-                Some(DenyReason::OverLimit) => "over_limit",
-                Some(DenyReason::CostExceedsCapacity { .. }) => "cost_exceeds_capacity",
-                Some(DenyReason::StoreFull) => "store_full",
-                None if self.shadow_denied => "over_limit",
-                None => "",
-            },
-        }
-    }
-}
 
 /// Engine settings; defaults in [`EngineConfig::default`].
 #[derive(Debug, Clone)]
@@ -147,9 +89,6 @@ pub struct Engine {
     /// `EngineConfig::approximate_max_keys`, for the batcher when it starts.
     #[cfg(feature = "redis")]
     approximate_max_keys: usize,
-    /// Per-value series of rules with `detailed_metric` / `value_to_metric`,
-    /// capped (`EngineConfig::max_value_metrics`).
-    values: ValueMetrics,
     /// Backs `fail_mode: local`; also counts nothing else.
     local: MemoryStore,
     /// Denials remembered until their retry-after, answered without a store
@@ -163,95 +102,9 @@ pub struct Engine {
     in_flight: tokio::sync::Semaphore,
     /// Divides a rule's limit for `fail_mode: local` (at least 1).
     pods_in_region: u64,
-    /// Each rule's per-check metric handles, by rule id: looking a labelled
-    /// metric up through the macros costs label allocations and a registry
-    /// search on every check; a handle is one atomic add.
-    /// Handles are registered on first use, not here: the metrics recorder
-    /// may be installed after the engine is built.
-    rule_metrics: RwLock<HashMap<String, Arc<RuleMetrics>, foldhash::fast::RandomState>>,
-    /// The store-call latency histogram, registered on first use for the same
-    /// reason as `rule_metrics`.
-    store_duration: OnceLock<Histogram>,
+    /// What every check counts, by rule (see `check_metrics`).
+    metrics: CheckMetrics,
 }
-
-/// The series of `meridian_checks_total` per rule: (outcome, reason), the
-/// reason as [`Verdict::reason`] gives it (`ok` for a plain allow). Every
-/// series is registered, at 0, with the rule's first check, so an alert on a
-/// fail mode or a panel of denials by reason finds its series before the
-/// first such decision (15 series per rule and pod; rules are the operator's,
-/// never a client's).
-const CHECK_SERIES: [(&str, &str); 15] = [
-    ("allowed", "ok"),
-    ("allowed", "fail_open"),
-    ("allowed", "fail_local"),
-    ("denied", "over_limit"),
-    ("denied", "cost_exceeds_capacity"),
-    ("denied", "cached_over_limit"),
-    ("denied", "fail_closed"),
-    ("denied", "fail_local"),
-    ("denied", "no_allocation"),
-    ("denied", "store_full"),
-    ("shadow_denied", "over_limit"),
-    ("shadow_denied", "cached_over_limit"),
-    ("shadow_denied", "fail_closed"),
-    ("shadow_denied", "fail_local"),
-    ("shadow_denied", "no_allocation"),
-];
-
-/// The kinds of store failure [`error_kind`] names (bad input is the
-/// caller's error, not the store's, and sends nothing to the fail mode).
-const STORE_ERROR_KINDS: [&str; 4] = ["timeout", "connection", "server", "reply"];
-
-/// An allowed check is near its limit when it leaves less than this share
-/// of the limit (Envoy's ratelimit service counts the same at 80 % used).
-const NEAR_LIMIT_REMAINING: f64 = 0.2;
-
-/// The metrics every check of one rule records.
-struct RuleMetrics {
-    /// `meridian_checks_total{outcome, reason}`, in [`CHECK_SERIES`] order.
-    checks: [Counter; CHECK_SERIES.len()],
-    /// Allowed checks that left less than [`NEAR_LIMIT_REMAINING`] of the limit.
-    near_limit: Counter,
-    /// `meridian_store_errors_total{kind}`, in [`STORE_ERROR_KINDS`] order:
-    /// registered at 0 like `checks`, so a panel of store errors has series
-    /// before the first error.
-    store_errors: [Counter; STORE_ERROR_KINDS.len()],
-    duration: Histogram,
-}
-
-impl RuleMetrics {
-    fn new(rule: &str) -> RuleMetrics {
-        RuleMetrics {
-            checks: CHECK_SERIES.map(|(outcome, reason)| {
-                counter!("meridian_checks_total", "rule" => rule.to_owned(), "outcome" => outcome, "reason" => reason)
-            }),
-            near_limit: counter!("meridian_checks_near_limit_total", "rule" => rule.to_owned()),
-            store_errors: STORE_ERROR_KINDS.map(|kind| {
-                counter!("meridian_store_errors_total", "rule" => rule.to_owned(), "kind" => kind)
-            }),
-            duration: histogram!("meridian_check_duration_seconds", "rule" => rule.to_owned()),
-        }
-    }
-
-    /// The counter a verdict is counted under.
-    fn checks(&self, verdict: &Verdict) -> &Counter {
-        let outcome = match (verdict.decision.allowed, verdict.shadow_denied) {
-            (_, true) => "shadow_denied",
-            (true, false) => "allowed",
-            (false, false) => "denied",
-        };
-        let reason = match verdict.reason() {
-            "" => "ok",
-            reason => reason,
-        };
-        let at = CHECK_SERIES
-            .iter()
-            .position(|&(o, r)| o == outcome && r == reason)
-            .unwrap_or(0);
-        &self.checks[at]
-    }
-}
-
 /// One check for the engine: a matched rule, the counter within it, and the
 /// hits to consume (0 = check only). `limit` overrides the rule's requests per
 /// unit (Envoy's per-descriptor `limit`).
@@ -274,14 +127,12 @@ impl Engine {
             batcher: OnceLock::new(),
             #[cfg(feature = "redis")]
             approximate_max_keys: config.approximate_max_keys,
-            values: ValueMetrics::new(config.max_value_metrics),
             local: MemoryStore::with_capacity(config.local_capacity),
             cache: OverLimitCache::new(config.cache_capacity),
             breaker: Breaker::new(config.breaker_threshold, config.breaker_cool_down),
             in_flight: tokio::sync::Semaphore::new(config.max_in_flight.max(1)),
             pods_in_region: config.pods_in_region.max(1),
-            rule_metrics: RwLock::default(),
-            store_duration: OnceLock::new(),
+            metrics: CheckMetrics::new(config.max_value_metrics),
         }
     }
 
@@ -315,7 +166,8 @@ impl Engine {
         let rule = check.rule;
         if rule.denies_all() && check.limit.is_none() {
             let verdict = self.denial_to_window_end(rule, Source::ZeroLimit);
-            self.record(rule, &verdict, check.metric_key, Duration::ZERO);
+            self.metrics
+                .record(rule, &verdict, check.metric_key, Duration::ZERO);
             return Ok(verdict);
         }
         let Some(params) = check.limit.or(rule.params.as_ref()) else {
@@ -357,21 +209,17 @@ impl Engine {
                 }
                 Err(StoreError::InvalidInput(e)) => return Err(e),
                 Err(e) => {
-                    let kind = error_kind(&e);
-                    let metrics = self.rule_metrics(&rule.id);
-                    match STORE_ERROR_KINDS.iter().position(|k| *k == kind) {
-                        Some(at) => metrics.store_errors[at].increment(1),
-                        None => counter!("meridian_store_errors_total", "rule" => rule.id.clone(), "kind" => kind)
-                            .increment(1),
-                    }
-                    tracing::debug!(rule = %rule.id, error = %e, "store failed; using the fail mode");
-                    self.fail_mode(rule, &limit, check.counter_key, check.cost)?
+                    let limits = std::slice::from_ref(&limit);
+                    let (mut decisions, source) =
+                        self.fail_over(rule, &e, limits, check.counter_key, check.cost)?;
+                    (decisions.pop().unwrap_or_else(unlimited), source)
                 }
             }
         };
 
         let verdict = shadow(rule, decision, source);
-        self.record(rule, &verdict, check.metric_key, started.elapsed());
+        self.metrics
+            .record(rule, &verdict, check.metric_key, started.elapsed());
         Ok(verdict)
     }
 
@@ -392,7 +240,7 @@ impl Engine {
     ) -> Result<(Verdict, Vec<Decision>), InvalidInput> {
         let started = Instant::now();
         let rule = check.rule;
-        let Some(first) = limits.first().copied() else {
+        if limits.is_empty() {
             return Ok((
                 Verdict {
                     decision: unlimited(),
@@ -402,7 +250,7 @@ impl Engine {
                 },
                 Vec::new(),
             ));
-        };
+        }
         let (key, cost) = (check.counter_key, check.cost);
         let limits: Vec<Limit> = limits
             .iter()
@@ -427,100 +275,20 @@ impl Engine {
             {
                 return Ok(decisions);
             }
-            let _permit = self.in_flight.acquire().await.ok();
-            let now = Instant::now();
-            if !self.breaker.allow(now) {
-                return Err(StoreError::Timeout(Duration::ZERO));
-            }
-            let result = self.store.check_all(&limits, key, cost, None).await;
-            self.store_duration
-                .get_or_init(|| histogram!("meridian_store_duration_seconds"))
-                .record(now.elapsed().as_secs_f64());
-            match &result {
-                Ok(_) => self.breaker.succeeded(),
-                Err(StoreError::InvalidInput(_)) => {}
-                Err(_) => self.breaker.failed(Instant::now()),
-            }
-            result
+            self.guarded(|| self.store.check_all(&limits, key, cost, None))
+                .await
         };
         let (decisions, source) = match stored.await {
             Ok(decisions) => (decisions, Source::Store),
             Err(StoreError::InvalidInput(e)) => return Err(e),
-            Err(e) => {
-                counter!("meridian_store_errors_total", "rule" => rule.id.clone(), "kind" => error_kind(&e))
-                    .increment(1);
-                match rule.fail_mode {
-                    FailMode::Open => (vec![fail_decision(first, true)], Source::FailOpen),
-                    FailMode::Closed => (vec![fail_decision(first, false)], Source::FailClosed),
-                    FailMode::Local => {
-                        let local = limits
-                            .iter()
-                            .map(|l| {
-                                Ok(Limit {
-                                    rule: l.rule.clone(),
-                                    params: per_pod(&l.params, self.pods_in_region)?,
-                                })
-                            })
-                            .collect::<Result<Vec<_>, InvalidInput>>()?;
-                        let now = crate::clock::now_unix_us();
-                        (
-                            self.local.check_all_at(&local, key, cost, now)?,
-                            Source::FailLocal,
-                        )
-                    }
-                }
-            }
+            Err(e) => self.fail_over(rule, &e, &limits, key, cost)?,
         };
         let (index, decision) = tightest(&decisions);
         let mut verdict = shadow(rule, decision, source);
         verdict.limit_index = index;
-        self.record(rule, &verdict, check.metric_key, started.elapsed());
+        self.metrics
+            .record(rule, &verdict, check.metric_key, started.elapsed());
         Ok((verdict, decisions))
-    }
-
-    /// Counts a verdict and its latency under its rule (and its value, for
-    /// rules that count values).
-    fn record(&self, rule: &Rule, verdict: &Verdict, value: Option<&str>, took: Duration) {
-        let metrics = self.rule_metrics(&rule.id);
-        metrics.checks(verdict).increment(1);
-        if let Some(value) = value {
-            let outcome = match (verdict.decision.allowed, verdict.shadow_denied) {
-                (_, true) => Outcome::ShadowDenied,
-                (true, false) => Outcome::Allowed,
-                (false, false) => Outcome::Denied,
-            };
-            self.values.record(&rule.id, value, outcome);
-        }
-        let decision = &verdict.decision;
-        if decision.allowed
-            && !verdict.shadow_denied
-            && verdict.source == Source::Store
-            && (decision.remaining as f64) < decision.limit as f64 * NEAR_LIMIT_REMAINING
-        {
-            metrics.near_limit.increment(1);
-        }
-        metrics.duration.record(took.as_secs_f64());
-    }
-
-    /// The rule's metric handles, registered on its first check. Rule ids
-    /// come from rule files, so the map holds one entry per rule ever loaded.
-    fn rule_metrics(&self, rule: &str) -> Arc<RuleMetrics> {
-        // A poisoned lock only means another check panicked mid-insert; the
-        // map itself is still whole.
-        let known = self
-            .rule_metrics
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(rule)
-            .cloned();
-        known.unwrap_or_else(|| {
-            self.rule_metrics
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .entry(rule.to_owned())
-                .or_insert_with(|| Arc::new(RuleMetrics::new(rule)))
-                .clone()
-        })
     }
 
     /// A key's decision: from one counter, or (`split: K`) from a random
@@ -610,7 +378,7 @@ impl Engine {
     /// (shadow mode and metrics apply as to any other verdict).
     pub fn unallocated(&self, rule: &Rule) -> Verdict {
         let verdict = self.denial_to_window_end(rule, Source::NoAllocation);
-        self.record(rule, &verdict, None, Duration::ZERO);
+        self.metrics.record(rule, &verdict, None, Duration::ZERO);
         verdict
     }
 
@@ -634,28 +402,37 @@ impl Engine {
         shadow(rule, decision, source)
     }
 
-    /// The store call behind the circuit breaker. Store errors other than bad
-    /// input count as failures.
+    /// One counter's store call, guarded (see `guarded`); a cost of 0 peeks.
     async fn call_store(
         &self,
         limit: &Limit,
         key: &str,
         cost: u64,
     ) -> Result<Decision, StoreError> {
+        self.guarded(|| async {
+            if cost == 0 {
+                self.store.peek(limit, key, None).await
+            } else {
+                self.store.check(limit, key, cost, None).await
+            }
+        })
+        .await
+    }
+
+    /// A store call behind the in-flight cap and the circuit breaker, timed.
+    /// Store errors other than bad input count as the breaker's failures.
+    async fn guarded<T, F>(&self, call: impl FnOnce() -> F) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
         // The semaphore is never closed, so acquiring cannot fail.
         let _permit = self.in_flight.acquire().await.ok();
         let now = Instant::now();
         if !self.breaker.allow(now) {
             return Err(StoreError::Timeout(Duration::ZERO));
         }
-        let result = if cost == 0 {
-            self.store.peek(limit, key, None).await
-        } else {
-            self.store.check(limit, key, cost, None).await
-        };
-        self.store_duration
-            .get_or_init(|| histogram!("meridian_store_duration_seconds"))
-            .record(now.elapsed().as_secs_f64());
+        let result = call().await;
+        self.metrics.store_call_took(now.elapsed());
         match &result {
             Ok(_) => self.breaker.succeeded(),
             Err(StoreError::InvalidInput(_)) => {}
@@ -664,29 +441,47 @@ impl Engine {
         result
     }
 
-    fn fail_mode(
+    /// The store failed `limits` (one, or a `limits:` rule's): counts the
+    /// failure and decides by the rule's fail mode. `open` and `closed` know
+    /// nothing about any counter and answer for the first limit alone;
+    /// `local` decides every limit in memory, each ÷ pods.
+    fn fail_over(
         &self,
         rule: &Rule,
-        limit: &Limit,
+        error: &StoreError,
+        limits: &[Limit],
         key: &str,
         cost: u64,
-    ) -> Result<(Decision, Source), InvalidInput> {
-        let params = &limit.params;
+    ) -> Result<(Vec<Decision>, Source), InvalidInput> {
+        self.metrics.store_failed(rule, error);
+        tracing::debug!(rule = %rule.id, %error, "store failed; using the fail mode");
+        let first = || limits.iter().take(1);
         Ok(match rule.fail_mode {
-            FailMode::Open => (fail_decision(params, true), Source::FailOpen),
-            FailMode::Closed => (fail_decision(params, false), Source::FailClosed),
+            FailMode::Open => (
+                first().map(|l| fail_decision(&l.params, true)).collect(),
+                Source::FailOpen,
+            ),
+            FailMode::Closed => (
+                first().map(|l| fail_decision(&l.params, false)).collect(),
+                Source::FailClosed,
+            ),
             FailMode::Local => {
-                let local = Limit {
-                    rule: limit.rule.clone(),
-                    params: per_pod(params, self.pods_in_region)?,
-                };
+                let local = limits
+                    .iter()
+                    .map(|l| {
+                        Ok(Limit {
+                            rule: l.rule.clone(),
+                            params: per_pod(&l.params, self.pods_in_region)?,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, InvalidInput>>()?;
                 let now = crate::clock::now_unix_us();
-                let decision = if cost == 0 {
-                    self.local.peek_at(&local, key, now)?
-                } else {
-                    self.local.check_at(&local, key, cost, now)?
+                let decisions = match local.as_slice() {
+                    [one] if cost == 0 => vec![self.local.peek_at(one, key, now)?],
+                    [one] => vec![self.local.check_at(one, key, cost, now)?],
+                    all => self.local.check_all_at(all, key, cost, now)?,
                 };
-                (decision, Source::FailLocal)
+                (decisions, Source::FailLocal)
             }
         })
     }
@@ -742,166 +537,4 @@ fn per_pod(params: &Params, pods: u64) -> Result<Params, InvalidInput> {
             .has_burst()
             .then(|| share(params.burst())),
     )
-}
-
-/// The tightest of several limits' decisions, and its index: among denials
-/// the one to wait longest for, else the one with least remaining.
-fn tightest(decisions: &[Decision]) -> (usize, Decision) {
-    let denied = decisions
-        .iter()
-        .enumerate()
-        .filter(|(_, d)| !d.allowed)
-        .max_by_key(|(_, d)| d.retry_after_us);
-    let pick = denied.or_else(|| {
-        decisions
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, d)| d.remaining)
-    });
-    pick.map_or_else(|| (0, unlimited()), |(i, d)| (i, d.clone()))
-}
-
-fn shadow(rule: &Rule, mut decision: Decision, source: Source) -> Verdict {
-    let shadow_denied = rule.shadow_mode && !decision.allowed;
-    if shadow_denied {
-        tracing::info!(rule = %rule.id, "shadow mode: would have denied");
-        decision.allowed = true;
-        decision.reason = None;
-        decision.retry_after_us = 0;
-    }
-    Verdict {
-        decision,
-        source,
-        shadow_denied,
-        limit_index: 0,
-    }
-}
-
-fn error_kind(e: &StoreError) -> &'static str {
-    match e {
-        StoreError::Timeout(_) => "timeout",
-        #[cfg(feature = "redis")]
-        StoreError::Connection(_) => "connection",
-        #[cfg(feature = "redis")]
-        StoreError::Server(_) => "server",
-        StoreError::Reply(_) => "reply",
-        StoreError::InvalidInput(_) => "invalid_input",
-    }
-}
-
-fn unlimited() -> Decision {
-    Decision {
-        allowed: true,
-        limit: 0,
-        remaining: 0,
-        reset_after_us: 0,
-        retry_after_us: 0,
-        delay_us: 0,
-        reason: None,
-    }
-}
-
-fn cached_denial(params: &Params, left: Duration) -> Decision {
-    let left = left.as_micros() as u64;
-    Decision {
-        allowed: false,
-        limit: params.limit(),
-        remaining: 0,
-        reset_after_us: left,
-        retry_after_us: left,
-        // Only leaky_bucket reports a delay; for a denial it equals retry-after.
-        delay_us: if params.algorithm() == crate::algorithm::Algorithm::LeakyBucket {
-            left
-        } else {
-            0
-        },
-        reason: Some(DenyReason::OverLimit),
-    }
-}
-
-/// A decision made without the store: nothing is known about the counter.
-fn fail_decision(params: &Params, allowed: bool) -> Decision {
-    Decision {
-        allowed,
-        limit: params.limit(),
-        remaining: 0,
-        reset_after_us: 0,
-        retry_after_us: 0,
-        delay_us: 0,
-        reason: (!allowed).then_some(DenyReason::OverLimit),
-    }
-}
-
-#[cfg(all(test, feature = "server"))]
-mod tests {
-    use super::*;
-    use crate::rules::{RuleFile, RuleSet};
-
-    /// Checks of one rule with a limit of 5, counted under a recorder of the
-    /// test's own: every (outcome, reason) series exists from the first
-    /// check, the allows and the denial land under their reasons, and the
-    /// one allow that left under 20 % of the limit counts as near it.
-    #[test]
-    fn checks_are_counted_by_outcome_and_reason_with_near_limit_ones() {
-        let rules = RuleSet::parse(&[RuleFile {
-            name: "rules.yaml".into(),
-            text: "domain: api\ndescriptors:\n  - key: otp\n    rate_limit: {unit: hour, requests_per_unit: 5}\n"
-                .into(),
-        }])
-        .expect("valid rules");
-        let resolved = rules.resolve("api", &[("otp", "+91")]).expect("a match");
-        let rule = resolved.rule.expect("a rule with a limit");
-        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-        let handle = recorder.handle();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let engine = Engine::new(
-            AnyStore::Memory(MemoryStore::new()),
-            &EngineConfig::default(),
-        );
-        metrics::with_local_recorder(&recorder, || {
-            runtime.block_on(async {
-                for _ in 0..7 {
-                    let check = Check {
-                        rule,
-                        counter_key: &resolved.counter_key,
-                        metric_key: None,
-                        cost: 1,
-                        limit: None,
-                    };
-                    engine.check(check).await.expect("a verdict");
-                }
-            });
-        });
-        let text = handle.render();
-        let value = |labels: &str| -> Option<f64> {
-            text.lines()
-                .find(|l| l.starts_with(&format!("meridian_checks_total{{{labels}}} ")))
-                .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        };
-        let series = |o: &str, r: &str| format!("rule=\"api|otp\",outcome=\"{o}\",reason=\"{r}\"");
-        assert_eq!(value(&series("allowed", "ok")), Some(5.0), "{text}");
-        assert_eq!(value(&series("denied", "over_limit")), Some(1.0), "{text}");
-        assert_eq!(
-            value(&series("denied", "cached_over_limit")),
-            Some(1.0),
-            "{text}"
-        );
-        for (outcome, reason) in CHECK_SERIES {
-            assert!(
-                value(&series(outcome, reason)).is_some(),
-                "no {outcome}/{reason}: {text}"
-            );
-        }
-        assert!(
-            text.contains("meridian_checks_near_limit_total{rule=\"api|otp\"} 1\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("meridian_store_errors_total{rule=\"api|otp\",kind=\"timeout\"} 0\n"),
-            "{text}"
-        );
-    }
 }

@@ -4,6 +4,7 @@
 pub mod batcher;
 mod breaker;
 mod cache;
+mod check_metrics;
 #[cfg(feature = "server")]
 pub mod cli;
 pub mod engine;
@@ -18,7 +19,7 @@ pub mod health;
 #[cfg(feature = "server")]
 pub mod http;
 
-pub use engine::{Engine, EngineConfig, Source, Verdict};
+pub use engine::{Engine, EngineConfig};
 #[cfg(feature = "server")]
 pub mod rls_json;
 #[cfg(feature = "server")]
@@ -27,7 +28,9 @@ pub mod rule_source;
 pub mod service;
 pub mod split;
 pub mod value_metrics;
+mod verdict;
 #[cfg(feature = "server")]
 pub mod workers;
 
 pub use rule_source::RuleSource;
+pub use verdict::{Source, Verdict};

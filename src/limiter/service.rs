@@ -7,10 +7,11 @@ use std::time::Duration;
 use futures::future::join_all;
 use metrics::{counter, gauge};
 
-use super::engine::{Check, Engine, Source, Verdict};
+use super::engine::{Check, Engine};
 #[cfg(feature = "server")]
 use super::global::{Counted, Global, GlobalLimit, GlobalLimits};
 use super::rule_source::RuleSource;
+use super::verdict::{Source, Verdict};
 use crate::algorithm::{DenyReason, InvalidInput, Params};
 use crate::rules::{Rule, RuleSet, Unit};
 use crate::store::key;

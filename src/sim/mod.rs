@@ -13,12 +13,12 @@
 //! - `enforce`: a region's counters (the simulated Redis), decided by the
 //!   algorithm state machines with the allocation as the limit;
 //! - `world`: pods, network, coordinator, events;
-//! - [`report`]: CSV, SVG and markdown;
+//! - [`output`]: the files a run writes: CSV, SVG and markdown;
 //! - `cli`: the subcommand.
 
 pub(crate) mod cli;
 pub(crate) mod enforce;
-pub mod report;
+pub mod output;
 pub mod scenario;
 pub(crate) mod traffic;
 pub(crate) mod world;
@@ -28,7 +28,7 @@ use std::rc::Rc;
 pub use scenario::{Scenario, ScenarioError};
 pub use world::Strategy;
 
-use world::{Engine, T0_MS};
+use world::{SimWorld, T0_MS};
 
 /// A strategy keeps up after a shift once it admits this fraction of what
 /// the ideal counter admits, for [`CATCH_UP_WINDOWS`] windows in a row.
@@ -105,7 +105,7 @@ pub struct StrategyRun {
 
 /// The result of [`simulate`]: every strategy's figures over the same traffic.
 pub struct Run {
-    /// The scenario run (shared with the report writers).
+    /// The scenario run (shared with the output writers).
     pub scenario: Rc<Scenario>,
     /// The seed the traffic was drawn with; same scenario and seed, same run.
     pub seed: u64,
@@ -180,9 +180,9 @@ pub fn simulate(scenario: Scenario, seed: u64, progress: &mut dyn FnMut(f64)) ->
     let scenario = Rc::new(scenario);
     let s = &scenario;
     let keys: Rc<[String]> = (0..s.traffic.customers).map(|c| format!("c{c}")).collect();
-    let mut engines: Vec<Engine> = Strategy::ALL
+    let mut worlds: Vec<SimWorld> = Strategy::ALL
         .iter()
-        .map(|&strategy| Engine::new(scenario.clone(), strategy, seed, keys.clone()))
+        .map(|&strategy| SimWorld::new(scenario.clone(), strategy, seed, keys.clone()))
         .collect();
     let mut traffic = traffic::Traffic::new(s, seed);
     let mut batches = vec![Vec::new(); s.regions.len()];
@@ -200,19 +200,19 @@ pub fn simulate(scenario: Scenario, seed: u64, progress: &mut dyn FnMut(f64)) ->
     let mut t = 0;
     while t < s.duration_ms {
         if t > 0 && (T0_MS + t) % period == 0 {
-            close_window(s, &mut engines, &mut runs, window_start, t);
+            close_window(s, &mut worlds, &mut runs, window_start, t);
             window_start = t;
         }
         traffic.step(s, t, &mut batches);
-        for engine in &mut engines {
-            engine.step(t, &batches);
+        for world in &mut worlds {
+            world.step(t, &batches);
         }
         t += s.step_ms;
         if t % report_every == 0 {
             progress(t as f64 / s.duration_ms as f64);
         }
     }
-    close_window(s, &mut engines, &mut runs, window_start, s.duration_ms);
+    close_window(s, &mut worlds, &mut runs, window_start, s.duration_ms);
     progress(1.0);
     Run {
         scenario: scenario.clone(),
@@ -223,16 +223,16 @@ pub fn simulate(scenario: Scenario, seed: u64, progress: &mut dyn FnMut(f64)) ->
 
 fn close_window(
     s: &Scenario,
-    engines: &mut [Engine],
+    worlds: &mut [SimWorld],
     runs: &mut [StrategyRun],
     from: i64,
     to: i64,
 ) {
     let limit = s.rule.limit;
-    let (ideal, others) = engines.split_at_mut(1);
+    let (ideal, others) = worlds.split_at_mut(1);
     let ideal = &ideal[0];
     for (i, run) in runs.iter_mut().enumerate() {
-        let engine = if i == 0 { ideal } else { &others[i - 1] };
+        let world = if i == 0 { ideal } else { &others[i - 1] };
         let mut row = WindowRow {
             start_ms: from,
             asked: 0,
@@ -241,22 +241,22 @@ fn close_window(
             false_rejected: 0,
             max_key_admitted: 0,
             bound_excess: i64::MIN,
-            region_admitted: engine.acc.region_admitted.clone(),
+            region_admitted: world.acc.region_admitted.clone(),
             key0_asked: 0,
             key0_admitted: 0,
-            key0_alloc: engine.acc.key0_alloc.clone(),
+            key0_alloc: world.acc.key0_alloc.clone(),
         };
         let sum = &mut run.summary;
         // Every strategy saw the same requests, so the ideal's keys are all keys.
         for (key, &(asked, ideal_admitted)) in &ideal.acc.keys {
-            let admitted = engine.acc.keys.get(key).map_or(0, |e| e.1);
+            let admitted = world.acc.keys.get(key).map_or(0, |e| e.1);
             row.asked += asked;
             row.admitted += admitted;
             row.ideal += ideal_admitted;
             row.false_rejected += ideal_admitted.saturating_sub(admitted);
             row.max_key_admitted = row.max_key_admitted.max(admitted);
             if s.rule.windowed() {
-                let bound = limit + engine.allowance(*key, from, to);
+                let bound = limit + world.allowance(*key, from, to);
                 row.bound_excess = row.bound_excess.max(admitted as i64 - bound as i64);
             }
             if asked >= limit {
@@ -271,7 +271,7 @@ fn close_window(
             }
         }
         if !s.rule.windowed() {
-            row.bound_excess = engine.acc.bucket_excess.ceil() as i64;
+            row.bound_excess = world.acc.bucket_excess.ceil() as i64;
         }
         if row.bound_excess == i64::MIN {
             row.bound_excess = 0;
@@ -282,12 +282,12 @@ fn close_window(
         sum.admitted += u128::from(row.admitted);
         sum.asked += u128::from(row.asked);
         sum.max_bound_excess = sum.max_bound_excess.max(row.bound_excess);
-        sum.rtt_ms += engine.acc.rtt_ms;
-        sum.checks += engine.acc.checks;
+        sum.rtt_ms += world.acc.rtt_ms;
+        sum.checks += world.acc.checks;
         run.windows.push(row);
     }
-    for engine in engines.iter_mut() {
-        let acc = &mut engine.acc;
+    for world in worlds.iter_mut() {
+        let acc = &mut world.acc;
         acc.keys.clear();
         acc.region_admitted.iter_mut().for_each(|x| *x = 0);
         acc.key0_alloc.iter_mut().for_each(|x| *x = 0);

@@ -10,8 +10,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use meridian::allocation::demand::KeyDemand;
+use meridian::allocation::global_rule::GlobalRule;
 use meridian::allocation::leader::{
-    ACK_DEBOUNCE_MS, GlobalRule, Leader, LeaderConfig, PodReport, RegionDef, RuleDemand, TopUp,
+    ACK_DEBOUNCE_MS, Leader, LeaderConfig, PodReport, RegionDef, RuleDemand, TopUp,
 };
 use meridian::allocation::{Allocations, Config, RegionStatus};
 use meridian::proto::meridian::v1 as pb;

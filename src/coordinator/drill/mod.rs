@@ -8,6 +8,8 @@
 //! ([`observe`]) and the report is computed from the record alone
 //! ([`report`]), so any node answers the same report, and a drill survives a
 //! leader change: the next leader reads the record and goes on observing.
+//! The loop that does this on the leader, through Raft and on a timer, is
+//! [`runner`]: the one part of drills that is not pure.
 //!
 //! The three modes act where a real outage would:
 //! - [`Mode::Drain`] — the rebalancer treats the region as draining (its
@@ -20,6 +22,7 @@
 
 pub mod observe;
 pub mod report;
+pub mod runner;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -31,7 +31,7 @@ use tokio::sync::Notify;
 
 use crate::algorithm::{Algorithm, InvalidInput, Params};
 use crate::allocation::Millis;
-use crate::allocation::leader::GlobalRule;
+use crate::allocation::global_rule::GlobalRule;
 use crate::allocation::pod::{Decided, PodAccount};
 use crate::allocation::table::{RegionUpdate, Table};
 use crate::clock::now_unix_ms;

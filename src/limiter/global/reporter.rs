@@ -127,7 +127,7 @@ impl Global {
         transport: crate::tls::Transport,
         mut stop: Stop,
     ) {
-        let mut reports = Reports {
+        let mut nodes = CoordinatorNodes {
             coordinators,
             transport,
             next: 0,
@@ -170,7 +170,7 @@ impl Global {
                 (true, false) => "demand",
                 (false, false) => "ack",
             };
-            reports.send(&report, kind).await;
+            nodes.send(&report, kind).await;
             if last {
                 return;
             }
@@ -287,9 +287,9 @@ fn to_proto(report: PodReport) -> pb::DemandReport {
     }
 }
 
-/// Where a pod's reports go: any coordinator node (a follower relays to the
-/// leader), the one that answered last first.
-struct Reports {
+/// The coordinator nodes a pod's reports go to: any of them takes one (a
+/// follower relays to the leader), the one that answered last first.
+struct CoordinatorNodes {
     /// The nodes' gRPC URLs (`--coordinator`), tried in turn.
     coordinators: Vec<String>,
     /// TLS with this region's certificate, or plaintext (`--insecure`).
@@ -301,7 +301,7 @@ struct Reports {
     client: Option<CoordinatorClient<tonic::transport::Channel>>,
 }
 
-impl Reports {
+impl CoordinatorNodes {
     /// Delivers `report` to the first node that takes it, trying each once.
     async fn send(&mut self, report: &pb::DemandReport, kind: &'static str) {
         for _ in 0..self.coordinators.len() {

@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use metrics::counter;
 
 use super::Global;
-use crate::allocation::leader::GlobalRule;
+use crate::allocation::global_rule::GlobalRule;
 use crate::allocation::table::{SAVED_TABLE_VERSION, SavedTable, Table};
 use crate::allocation::{Millis, lapsed_value};
 use crate::clock::now_unix_ms;

@@ -1,5 +1,5 @@
 -- Approximate path: applies one pod's local deltas for many keys in one call
--- (src/limiter/batcher.rs). Without the prelude on purpose (only
+-- (src/limiter/batcher/). Without the prelude on purpose (only
 -- bucket_rescale.lua goes in front): it handles many keys and returns global
 -- counts, not a decision.
 --

@@ -7,7 +7,8 @@
 use tonic::Status;
 
 use crate::allocation::demand::{KeyDemand, REPORT_TOP_KEYS};
-use crate::allocation::leader::{PeriodAdmitted, PodReport, RuleDemand, RuleUse, TopUp};
+use crate::allocation::leader::{PodReport, RuleDemand, RuleUse, TopUp};
+use crate::allocation::ledger::PeriodAdmitted;
 use crate::allocation::{WindowUse, valid_region_name};
 use crate::proto::meridian::v1 as pb;
 use crate::store::key::MAX_KEY_LEN;

@@ -10,25 +10,25 @@ use std::time::Duration;
 
 use metrics::counter;
 
-use super::allocator::Allocator;
-use super::drill::observe::{Memory, Seen, observe};
-use super::drill::{Actor, Stop, StopReason};
-use super::node::{Node, Write};
-use super::state::Command;
+use super::observe::{Memory, Seen, observe};
+use super::{Actor, Stop, StopReason};
 use crate::clock::now_unix_ms;
+use crate::coordinator::allocator::Allocator;
+use crate::coordinator::node::{Node, Write};
+use crate::coordinator::state::Command;
 
 /// How often the leader looks at its drills when nothing is applied.
 pub const OBSERVE_EVERY: Duration = Duration::from_millis(250);
 
 /// Watches drills on this node; see the module docs.
-pub struct Drills {
+pub struct DrillRunner {
     node: Arc<Node>,
     allocator: Arc<Allocator>,
 }
 
-impl Drills {
-    pub fn new(node: Arc<Node>, allocator: Arc<Allocator>) -> Arc<Drills> {
-        Arc::new(Drills { node, allocator })
+impl DrillRunner {
+    pub fn new(node: Arc<Node>, allocator: Arc<Allocator>) -> Arc<DrillRunner> {
+        Arc::new(DrillRunner { node, allocator })
     }
 
     /// The loop; runs until the process stops.
@@ -87,7 +87,7 @@ impl Drills {
             }
             let ledger = self
                 .allocator
-                .with_ledger(|l, _| super::ledger::drill_figures(l, &from))
+                .with_ledger(|l, _| crate::coordinator::ledger::drill_figures(l, &from))
                 .unwrap_or_default();
             let seen = Seen {
                 now,
