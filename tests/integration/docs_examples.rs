@@ -78,6 +78,8 @@ fn blocks(text: &str) -> Vec<Block> {
             (None, None) => {}
         }
     }
+    // Markdown runs an unclosed fence to the end of the page.
+    found.extend(open.map(|(_, block)| block));
     found
 }
 
@@ -465,22 +467,31 @@ ok
 ...
 $ meridian --version; echo \"exit=$?\"
 ```
+
+```
+unclosed
 ";
-    let errors = page("page.md", text).expect_err("four blocks are wrong");
+    let errors = page("page.md", text).expect_err("five blocks are wrong");
     let lines: Vec<&str> = errors
         .iter()
         .map(|e| e.split(": ").next().unwrap_or(""))
         .collect();
     assert_eq!(
         lines,
-        ["page.md:3", "page.md:7", "page.md:17", "page.md:20"],
+        [
+            "page.md:3",
+            "page.md:7",
+            "page.md:17",
+            "page.md:20",
+            "page.md:36"
+        ],
         "{errors:#?}"
     );
-    let good = text
-        .split("```yaml")
-        .nth(1)
-        .map(|rest| format!("```yaml{rest}"))
-        .expect("the tail of the page");
+    let (_, tail) = text.split_once("```yaml").expect("the page's file");
+    let good = format!(
+        "```yaml{}",
+        tail.split("\n\n```\nunclosed").next().unwrap_or("")
+    );
     let page = page("page.md", &good).expect("a file and a console block");
     let Run { files, examples } = &page.runs[0];
     assert_eq!(
