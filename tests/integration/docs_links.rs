@@ -11,13 +11,13 @@
 use std::collections::BTreeSet;
 use std::path::{Component, Path, PathBuf};
 
-fn repo() -> PathBuf {
+pub(crate) fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 /// The documents checked: the README, every page of `docs/`, and the
 /// READMEs of the two folders the README sends readers to.
-fn documents() -> Vec<PathBuf> {
+pub(crate) fn documents() -> Vec<PathBuf> {
     let repo = repo();
     let mut docs = vec![
         repo.join("README.md"),

@@ -30,6 +30,7 @@ mod dashboard;
 mod dashboard_api;
 mod demo;
 mod deploy;
+mod docs_examples;
 mod docs_links;
 mod drills;
 mod envoy_fields;
