@@ -29,6 +29,8 @@ pub mod rebalance;
 pub mod returns;
 pub mod settings;
 pub mod table;
+pub mod transition;
+pub mod water_fill;
 
 use std::collections::{BTreeMap, VecDeque};
 
