@@ -30,6 +30,8 @@ mod clock;
 #[cfg(feature = "server")]
 mod cluster_id;
 #[cfg(feature = "server")]
+mod cockpit;
+#[cfg(feature = "server")]
 #[doc(hidden)]
 pub mod commands;
 #[cfg(feature = "server")]

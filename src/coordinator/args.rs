@@ -11,7 +11,8 @@ use std::time::Duration;
 use openraft::{Config, SnapshotPolicy};
 
 use super::raft::{Member, NodeId};
-use super::{api, history, validation};
+use super::validation;
+use crate::cockpit::{api, history};
 
 /// Environment variable read when `--admin-token-file` is not given.
 pub const ADMIN_TOKEN_ENV: &str = "MERIDIAN_ADMIN_TOKEN";

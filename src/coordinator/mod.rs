@@ -1,30 +1,30 @@
 //! The coordinator: a Raft cluster (openraft, redb on disk, tonic between
-//! nodes) holding versioned rule sets and the regions registry, with an admin
-//! HTTP API and the `Coordinator` gRPC service limiters watch.
+//! nodes) holding versioned rule sets and the regions registry, and the
+//! `Coordinator` gRPC service limiters watch: the replicated core. The admin
+//! HTTP API, the dashboard and its live stream read and drive it from
+//! [`cockpit`](crate::cockpit), which imports this core and is never imported
+//! by it, but for [`run`].
 //!
 //! Listeners: `--raft-addr` serves gRPC (the `Raft` service for peers and the
 //! `Coordinator` service for limiters); `--http-addr` serves the admin API,
 //! `/healthz` and `/metrics`.
 //!
-//! [`run`] starts a node in named steps, below; the flags and their checks
-//! are in [`args`].
+//! [`run`] starts a node in named steps, below, and is the one place the core
+//! and the cockpit are wired together; the flags and their checks are in
+//! [`args`].
 
 pub mod allocator;
-pub mod api;
 pub mod args;
 pub mod drill;
 pub mod freshness;
 pub mod grpc;
-pub mod history;
 pub mod hits;
 pub mod ledger;
-pub mod live;
 pub mod node;
 pub mod raft;
 pub mod report_bounds;
 pub mod state;
 pub mod validation;
-pub mod viewers;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -37,16 +37,16 @@ use openraft::{Config, ServerState};
 use tokio::net::TcpListener;
 
 use self::allocator::Allocator;
-use self::api::Api;
 pub use self::args::CoordinatorArgs;
 use self::grpc::CoordinatorService;
-use self::live::Live;
 use self::node::Node;
 use self::raft::client::Network;
 use self::raft::contact::LeaderContact;
 use self::raft::service::RaftService;
 use self::raft::{Member, NodeId, Raft};
 use crate::allocation::leader::LeaderConfig;
+use crate::cockpit::api::{self, Api};
+use crate::cockpit::live::Live;
 use crate::tasks::Tasks;
 use crate::tls::Transport;
 

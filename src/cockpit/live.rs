@@ -16,14 +16,14 @@ use metrics::gauge;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use super::allocator::Allocator;
 use super::history::{History, HitsSource};
-use super::hits::PerRegion;
-use super::node::Node;
-use super::raft::storage::Applied;
-use super::state::Registry;
 use super::viewers::{Refusal, Seat, Viewers};
 use crate::algorithm::Algorithm;
+use crate::coordinator::allocator::Allocator;
+use crate::coordinator::hits::PerRegion;
+use crate::coordinator::node::Node;
+use crate::coordinator::raft::storage::Applied;
+use crate::coordinator::state::Registry;
 use crate::rules::{Accuracy, Partition};
 
 /// Changes closer together than this make one update: Raft's metrics move

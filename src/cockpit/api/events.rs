@@ -1,10 +1,10 @@
 //! `GET /api/v1/events`: the dashboard's live updates as server-sent events.
 //!
-//! Every event is the node's latest update (`coordinator::live`): rendered
+//! Every event is the node's latest update (`cockpit::live`): rendered
 //! once per change for every listener, sent as `event: update`. A stream
 //! that falls behind skips to the newest update. How many streams a node
 //! serves, and how many of them requests without a token may hold in all
-//! and per address, is `coordinator::viewers`; past a bound the request
+//! and per address, is `cockpit::viewers`; past a bound the request
 //! gets 503 naming it. A wrong token counts as none, as on the other reads
 //! without `--read-token-file`, but only after the wait, log line and count
 //! of every refused token, so the seats kept for tokens are no quick oracle.
@@ -27,7 +27,7 @@ use super::Api;
 use super::auth::check_token;
 use super::errors::ApiError;
 use super::read::Read;
-use crate::coordinator::viewers::{
+use crate::cockpit::viewers::{
     MAX_ANONYMOUS_EVENT_STREAMS, MAX_ANONYMOUS_EVENT_STREAMS_PER_PEER, MAX_EVENT_STREAMS, Refusal,
 };
 

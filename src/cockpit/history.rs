@@ -3,7 +3,7 @@
 //! sampled epoch, and the hits its pods reported (on the leader).
 //!
 //! Pure: [`History::record`] takes the applied allocations and the hits
-//! counted so far; `coordinator::live` calls it as epochs are applied. Grants
+//! counted so far; `cockpit::live` calls it as epochs are applied. Grants
 //! and demand come from the replicated state, so every node records the same
 //! values for the same epoch; hits are counted only where reports arrive (the
 //! leader), so elsewhere they are `None`.
@@ -24,8 +24,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::Serialize;
 
-use super::hits::{Hits, PerRegion};
 use crate::allocation::{Allocations, Shares};
+use crate::coordinator::hits::{Hits, PerRegion};
 
 /// Samples kept per series by default: 24 h at the default rebalance
 /// interval of 60 s.

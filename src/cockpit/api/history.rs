@@ -1,6 +1,6 @@
 //! `GET /api/v1/history?rule=R[&key=K][&since=MS]`: a global rule's (or one
 //! of its keys') grants, demand and use per region over the epochs this node
-//! sampled (`coordinator::history`), and on the leader the rule's finished
+//! sampled (`cockpit::history`), and on the leader the rule's finished
 //! clock-aligned periods from the world ledger (`world_periods`, the
 //! busiest key's world-wide admitted against `L` and the stated bound, for
 //! every algorithm; `world_periods_how` says how it is measured).
@@ -23,8 +23,8 @@ use serde_json::{Value, json};
 use super::errors::ApiError;
 use super::read::{Read, relay_get};
 use super::{Api, is_relayed};
-use crate::coordinator::history::Series;
-use crate::coordinator::ledger::{HOW, figure_json};
+use crate::cockpit::history::Series;
+use crate::cockpit::ledger_json::{HOW, figure_json};
 
 /// How long a follower waits for the leader's history before it answers
 /// with its own: a dashboard should not hang on a leader that froze.
@@ -113,7 +113,7 @@ pub(super) async fn get_history(
                     StatusCode::NOT_FOUND,
                     format!("key {key:?} has an entry but no series: only the keys with the most demand have one"),
                 )
-                .with("max_key_series", json!(crate::coordinator::history::MAX_KEY_SERIES))
+                .with("max_key_series", json!(crate::cockpit::history::MAX_KEY_SERIES))
                 .into_response();
             }
             None => ("rule_split", &rule_history.split),
@@ -177,7 +177,7 @@ fn render(series: &Series, since: i64, period_ms: Option<u64>) -> Vec<Value> {
         .enumerate()
         .filter(|(_, s)| s.at_unix_ms > since)
         .map(|(i, s)| {
-            let pick = |f: &dyn Fn(&crate::coordinator::history::Point) -> Value| -> Vec<Value> {
+            let pick = |f: &dyn Fn(&crate::cockpit::history::Point) -> Value| -> Vec<Value> {
                 s.points
                     .iter()
                     .map(|p| p.as_ref().map_or(Value::Null, f))

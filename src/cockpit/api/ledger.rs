@@ -1,7 +1,7 @@
 //! `GET /api/v1/ledger[?rule=R][&periods=N]`: per global rule, world-wide
 //! admitted per clock-aligned period against `L` and the stated bound —
 //! the current period, the newest finished ones (world and per region) and
-//! the worst of the last hour (`coordinator::ledger`).
+//! the worst of the last hour (`cockpit::ledger_json`).
 //!
 //! The ledger is counted by the leader from the reports that reach it, so
 //! a follower relays the request to the leader and answers with the
@@ -24,7 +24,7 @@ use super::errors::ApiError;
 use super::read::{Read, relay_get};
 use super::{Api, is_relayed};
 use crate::allocation::ledger::MAX_FINISHED;
-use crate::coordinator::ledger::{HOW, rule_json};
+use crate::cockpit::ledger_json::{HOW, rule_json};
 
 /// How long a follower waits for the leader's ledger: a dashboard should
 /// not hang on a leader that froze.

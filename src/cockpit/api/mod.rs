@@ -43,9 +43,9 @@ pub use self::listener::{AdminListenerArgs, serve_admin};
 pub use self::rule_diffs::RuleDiffs;
 
 use self::errors::ApiError;
-use super::allocator::Allocator;
 use super::live::Live;
-use super::node::{FORWARDED_HEADER, Node};
+use crate::coordinator::allocator::Allocator;
+use crate::coordinator::node::{FORWARDED_HEADER, Node};
 
 /// What every handler shares. Cloned per request, which is cheap (`Arc`s, a
 /// handle and a number); nothing in it is locked by the API.
