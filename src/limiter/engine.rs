@@ -538,3 +538,79 @@ fn per_pod(params: &Params, pods: u64) -> Result<Params, InvalidInput> {
             .then(|| share(params.burst())),
     )
 }
+
+#[cfg(all(test, feature = "server"))]
+mod tests {
+    use super::*;
+    use crate::limiter::check_metrics::CHECK_SERIES;
+    use crate::rules::{RuleFile, RuleSet};
+    use crate::store::{AnyStore, MemoryStore};
+
+    /// Checks of one rule with a limit of 5, counted (`check_metrics`) under a recorder of the
+    /// test's own: every (outcome, reason) series exists from the first
+    /// check, the allows and the denial land under their reasons, and the
+    /// one allow that left under 20 % of the limit counts as near it.
+    #[test]
+    fn checks_are_counted_by_outcome_and_reason_with_near_limit_ones() {
+        let rules = RuleSet::parse(&[RuleFile {
+            name: "rules.yaml".into(),
+            text: "domain: api\ndescriptors:\n  - key: otp\n    rate_limit: {unit: hour, requests_per_unit: 5}\n"
+                .into(),
+        }])
+        .expect("valid rules");
+        let resolved = rules.resolve("api", &[("otp", "+91")]).expect("a match");
+        let rule = resolved.rule.expect("a rule with a limit");
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let engine = Engine::new(
+            AnyStore::Memory(MemoryStore::new()),
+            &EngineConfig::default(),
+        );
+        metrics::with_local_recorder(&recorder, || {
+            runtime.block_on(async {
+                for _ in 0..7 {
+                    let check = Check {
+                        rule,
+                        counter_key: &resolved.counter_key,
+                        metric_key: None,
+                        cost: 1,
+                        limit: None,
+                    };
+                    engine.check(check).await.expect("a verdict");
+                }
+            });
+        });
+        let text = handle.render();
+        let value = |labels: &str| -> Option<f64> {
+            text.lines()
+                .find(|l| l.starts_with(&format!("meridian_checks_total{{{labels}}} ")))
+                .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        };
+        let series = |o: &str, r: &str| format!("rule=\"api|otp\",outcome=\"{o}\",reason=\"{r}\"");
+        assert_eq!(value(&series("allowed", "ok")), Some(5.0), "{text}");
+        assert_eq!(value(&series("denied", "over_limit")), Some(1.0), "{text}");
+        assert_eq!(
+            value(&series("denied", "cached_over_limit")),
+            Some(1.0),
+            "{text}"
+        );
+        for (outcome, reason) in CHECK_SERIES {
+            assert!(
+                value(&series(outcome, reason)).is_some(),
+                "no {outcome}/{reason}: {text}"
+            );
+        }
+        assert!(
+            text.contains("meridian_checks_near_limit_total{rule=\"api|otp\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("meridian_store_errors_total{rule=\"api|otp\",kind=\"timeout\"} 0\n"),
+            "{text}"
+        );
+    }
+}
