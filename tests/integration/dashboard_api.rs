@@ -422,7 +422,11 @@ async fn the_ledger_counts_each_period_world_wide_on_the_leader_and_a_follower_r
         "meridian_global_worst_period_ratio{rule=\"api|sw\"}",
         "meridian_global_periods_over_bound{rule=\"api|sw\"} 0",
     ] {
-        assert!(metrics.contains(name), "no {name} in:\n{metrics}");
+        if !metrics.contains(name) {
+            // Say which period, so a crossing can be traced.
+            let (_, now) = ledger(cluster, leader, "?rule=api%7Csw").await;
+            panic!("no {name} in:\n{metrics}\nledger: {now}");
+        }
     }
 
     // Errors name what is wrong.
