@@ -513,10 +513,7 @@ impl Leader {
     fn schedules(&self) -> Vec<Schedule> {
         self.rules
             .iter()
-            .map(|r| Schedule {
-                hold_ms: r.policy.fallback_hold_ms,
-                partition: r.policy.partition,
-            })
+            .map(|r| Schedule::from(&r.policy))
             .collect()
     }
 
@@ -560,10 +557,7 @@ impl Leader {
                             let mut used =
                                 self.acks
                                     .region_use(&g.name, &r.policy.rule, start, now, within);
-                            let schedule = Schedule {
-                                hold_ms: r.policy.fallback_hold_ms,
-                                partition: r.policy.partition,
-                            };
+                            let schedule = Schedule::from(&r.policy);
                             self.returns.complete(
                                 &g.name,
                                 &r.policy.rule,

@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Allocations, Config, Millis, RegionInput, RegionWindow};
+use super::{Allocations, Config, Millis, RegionInput, RegionWindow, RulePolicy};
 use crate::rules::Partition;
 
 /// The hold and partition of one rule, as the schedule needs them.
@@ -29,6 +29,15 @@ pub struct Schedule {
     pub hold_ms: i64,
     /// Whether a silent region's share moves before its lease ends.
     pub partition: Partition,
+}
+
+impl From<&RulePolicy> for Schedule {
+    fn from(policy: &RulePolicy) -> Schedule {
+        Schedule {
+            hold_ms: policy.fallback_hold_ms,
+            partition: policy.partition,
+        }
+    }
 }
 
 /// The first instant after `now` at which a lease schedule in `state` moves
