@@ -82,14 +82,42 @@ pub struct Decided<'a> {
     /// (false for an override, whose count is against its own limit and
     /// whose window may be another one).
     pub window_use: bool,
-    /// The rule counts in fixed windows: the reset time places the decision.
-    pub fixed_window: bool,
+    /// What the reset time tells of the window that decided it.
+    pub reset_tells: ResetTells,
     /// Counted exactly in fixed windows: its window use is reported
     /// (`GlobalRule::counted`).
     pub counted: bool,
     /// The rule's algorithm has windows (not a bucket): its peak use per
     /// window is kept for the limiter's gauge.
     pub windowed: bool,
+}
+
+/// What a decision's reset time tells of the clock-aligned window it was
+/// counted in. The answer's clock alone cannot place it: an answer can
+/// arrive after the boundary of the window that decided it, and counting it
+/// in the next one reads that period as over `L` in the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetTells {
+    /// Fixed window: the reset is when that window ends.
+    WindowEnd,
+    /// Sliding window counter: an admitted hit's window is read as the
+    /// previous one through the window after, so its reset is when that
+    /// one ends (a denial's may be either: the clock places it).
+    NextWindowEnd,
+    /// Nothing (sliding log, buckets): the answer's clock places it.
+    Nothing,
+}
+
+impl ResetTells {
+    /// What `algorithm`'s reset time tells.
+    pub fn of(algorithm: crate::algorithm::Algorithm) -> ResetTells {
+        use crate::algorithm::Algorithm;
+        match algorithm {
+            Algorithm::FixedWindow => ResetTells::WindowEnd,
+            Algorithm::SlidingWindowCounter => ResetTells::NextWindowEnd,
+            _ => ResetTells::Nothing,
+        }
+    }
 }
 
 /// One counted rule as the pod enforces it when it reports.
@@ -254,14 +282,19 @@ impl PodAccount {
         let asked = count_demand(rule, &mut self.tracked, d);
         let used = d.limit.saturating_sub(d.remaining);
         let period = (d.period_ms as Millis).max(1);
-        // For fixed windows the reset time says which window decided it
-        // (an answer can arrive after the boundary); otherwise the clock.
+        // The reset time says which window decided it where it can (an
+        // answer can arrive after the boundary); otherwise the clock. An
+        // override's reset is of its own limit's window, not the rule's.
         let now_start = now.div_euclid(period) * period;
-        let start = if d.fixed_window && d.window_use {
-            decided_window(now, d.reset_after_us, period)
-        } else {
-            now_start
+        let window_end_us = match d.reset_tells {
+            _ if !d.window_use => None,
+            ResetTells::WindowEnd => Some(d.reset_after_us),
+            ResetTells::NextWindowEnd if d.allowed => {
+                d.reset_after_us.checked_sub(period as u64 * 1_000)
+            }
+            ResetTells::NextWindowEnd | ResetTells::Nothing => None,
         };
+        let start = window_end_us.map_or(now_start, |us| decided_window(now, us, period));
         count_admitted(rule, &mut self.period_keys, d, period, start);
         if d.allowed && d.window_use && d.counted {
             count_window(rule, start, used);

@@ -21,7 +21,7 @@ fn hit(key: &str, allowed: bool, remaining: u64, now: Millis) -> Decided<'_> {
         remaining,
         reset_after_us: (end - now) as u64 * 1_000,
         window_use: true,
-        fixed_window: true,
+        reset_tells: ResetTells::WindowEnd,
         counted: true,
         windowed: true,
     }
@@ -167,7 +167,7 @@ fn every_algorithm_fills_the_ledger_by_clock_aligned_periods() {
     let mut account = PodAccount::new("r", "pod");
     // A token bucket of 10 a minute: no window, no window use.
     let bucket = |now: Millis| Decided {
-        fixed_window: false,
+        reset_tells: ResetTells::Nothing,
         counted: false,
         windowed: false,
         reset_after_us: 6_000_000,
@@ -283,4 +283,44 @@ fn a_top_up_waits_until_the_pace_is_measured_over_a_fifth_of_a_second() {
     account.report(&holding(10), true, T0);
     assert!(!account.record(&hit("k", true, 0, T0 + 100), T0 + 100));
     assert!(account.record(&hit("k", true, 0, T0 + 200), T0 + 200));
+}
+
+/// A sliding-window-counter admission Redis made in the last moment of a
+/// period, answered after the boundary, is that period's: every
+/// clock-aligned period of the algorithm holds ≤ L, and counting it in the
+/// next one made the ledger read a period over its bound (seen once in the
+/// dashboard_api test under full-suite load: `api|sw` over L).
+#[test]
+fn a_late_sliding_window_answer_counts_in_the_period_that_decided_it() {
+    let mut account = PodAccount::new("r", "pod").started_at(T0);
+    let minute = MINUTE as Millis;
+    let now = T0 + minute + 100;
+    // Decided 1 ms before the boundary: the key's current window count is
+    // read as "previous" through the window after, so Redis answers a reset
+    // of that window's end, a period and 1 ms away.
+    let late = Decided {
+        reset_tells: ResetTells::NextWindowEnd,
+        counted: false,
+        reset_after_us: (minute + 1) as u64 * 1_000,
+        ..hit("k", true, 1, now)
+    };
+    account.record(&late, now);
+    // Decided after the boundary, in the new period.
+    let fresh = Decided {
+        reset_tells: ResetTells::NextWindowEnd,
+        counted: false,
+        reset_after_us: (2 * minute - 100) as u64 * 1_000,
+        ..hit("k", true, 0, now)
+    };
+    account.record(&fresh, now);
+    let report = account.report(&holding(10), true, now);
+    assert_eq!(
+        admitted(&report),
+        vec![
+            (0, None, 1),
+            (0, Some("k"), 1),
+            (minute, None, 1),
+            (minute, Some("k"), 1)
+        ]
+    );
 }

@@ -29,10 +29,10 @@ use std::sync::{Mutex, RwLock};
 use metrics::{counter, gauge};
 use tokio::sync::Notify;
 
-use crate::algorithm::{Algorithm, InvalidInput, Params};
+use crate::algorithm::{InvalidInput, Params};
 use crate::allocation::Millis;
 use crate::allocation::global_rule::GlobalRule;
-use crate::allocation::pod::{Decided, PodAccount};
+use crate::allocation::pod::{Decided, PodAccount, ResetTells};
 use crate::allocation::table::{RegionUpdate, Table};
 use crate::clock::now_unix_ms;
 use crate::proto::meridian::v1 as pb;
@@ -280,7 +280,7 @@ impl Global {
             remaining,
             reset_after_us,
             window_use,
-            fixed_window: algorithm == Algorithm::FixedWindow,
+            reset_tells: ResetTells::of(algorithm),
             // Looked up only when it matters: it builds the rule's policy.
             counted: allowed && window_use && Self::counted_window_ms(rule, index).is_some(),
             windowed: !algorithm.has_burst(),

@@ -6,7 +6,7 @@ use rand::Rng;
 
 use super::{Event, RULE, SimWorld, Strategy, abs, abs_us};
 use crate::algorithm::Algorithm;
-use crate::allocation::pod::Decided;
+use crate::allocation::pod::{Decided, ResetTells};
 use crate::sim::traffic::Batch;
 
 impl SimWorld {
@@ -89,7 +89,13 @@ impl SimWorld {
                             remaining,
                             reset_after_us: (window_end - counted_at).max(0) as u64 * 1_000,
                             window_use: true,
-                            fixed_window,
+                            // Counted when decided: only a fixed window's
+                            // reset (its end, given here) places it.
+                            reset_tells: if fixed_window {
+                                ResetTells::WindowEnd
+                            } else {
+                                ResetTells::Nothing
+                            },
                             counted: fixed_window,
                             windowed: s.rule.windowed(),
                         };
