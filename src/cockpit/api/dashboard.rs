@@ -29,7 +29,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("format.js", SCRIPT, include_str!("../dashboard/format.js")),
     ("api.js", SCRIPT, include_str!("../dashboard/api.js")),
     ("charts.js", SCRIPT, include_str!("../dashboard/charts.js")),
-    ("history.js", SCRIPT, include_str!("../dashboard/history.js")),
+    (
+        "history.js",
+        SCRIPT,
+        include_str!("../dashboard/history.js"),
+    ),
     ("drills.js", SCRIPT, include_str!("../dashboard/drills.js")),
     ("panels.js", SCRIPT, include_str!("../dashboard/panels.js")),
     ("ledger.js", SCRIPT, include_str!("../dashboard/ledger.js")),
