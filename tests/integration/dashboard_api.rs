@@ -198,21 +198,48 @@ async fn the_page_keeps_to_itself_diffs_name_versions_and_event_streams_are_capp
     );
     assert_eq!(page.headers()["x-frame-options"], "DENY");
     let html = page.text().await.expect("html");
+    assert!(!html.contains("<script>"), "no inline script");
+
+    // Its scripts: each one the page names is served, under the same
+    // policy; together they are the whole script (app.js starts it).
+    let scripts: Vec<&str> = html
+        .split("<script src=\"")
+        .skip(1)
+        .filter_map(|tag| tag.split('"').next())
+        .collect();
     assert!(
-        html.contains("/assets/app.js") && !html.contains("<script>"),
-        "no inline script"
+        scripts.len() > 1 && scripts.last() == Some(&"/assets/app.js"),
+        "{scripts:?}"
     );
-    let script = cluster
-        .http
-        .get(format!("{}/assets/app.js", cluster.node(leader).url()))
-        .send()
-        .await
-        .expect("js");
-    assert_eq!(
-        script.headers()["content-type"],
-        "text/javascript; charset=utf-8"
-    );
-    assert!(script.text().await.expect("js").contains("sessionStorage"));
+    let mut code = String::new();
+    for path in &scripts {
+        let script = cluster
+            .http
+            .get(format!("{}{path}", cluster.node(leader).url()))
+            .send()
+            .await
+            .expect("js");
+        assert_eq!(script.status(), 200, "{path}");
+        assert_eq!(
+            script.headers()["content-type"],
+            "text/javascript; charset=utf-8",
+            "{path}"
+        );
+        assert_eq!(script.headers()["content-security-policy"], csp, "{path}");
+        assert_eq!(script.headers()["x-content-type-options"], "nosniff");
+        code += &script.text().await.expect("js");
+    }
+    assert!(code.contains("sessionStorage") && code.contains("init();"));
+    // Only the embedded files: any other name under /assets/ is 404.
+    for path in ["/assets/x.js", "/assets/..%2Fapp.js", "/assets/"] {
+        let response = cluster
+            .http
+            .get(format!("{}{path}", cluster.node(leader).url()))
+            .send()
+            .await
+            .expect("unknown asset");
+        assert_eq!(response.status(), 404, "{path}");
+    }
 
     // Diffs.
     let (status, body) = cluster

@@ -74,8 +74,7 @@ pub struct Api {
 pub fn router(api: Api) -> Router {
     Router::new()
         .route("/", get(dashboard::index))
-        .route("/assets/app.js", get(dashboard::script))
-        .route("/assets/style.css", get(dashboard::style))
+        .route("/assets/{file}", get(dashboard::file))
         .route("/healthz", get(healthz))
         .route("/readyz", get(ready::readyz))
         .route("/metrics", get(prometheus))
