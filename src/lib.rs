@@ -44,6 +44,8 @@ pub mod embedded;
 mod limiter;
 #[cfg(feature = "server")]
 pub mod proto;
+#[doc(hidden)]
+pub mod overrides;
 pub mod rules;
 #[cfg(feature = "server")]
 mod secret;
