@@ -42,10 +42,10 @@ mod ctl;
 mod demo;
 pub mod embedded;
 mod limiter;
-#[cfg(feature = "server")]
-pub mod proto;
 #[doc(hidden)]
 pub mod overrides;
+#[cfg(feature = "server")]
+pub mod proto;
 pub mod rules;
 #[cfg(feature = "server")]
 mod secret;

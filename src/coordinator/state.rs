@@ -10,6 +10,7 @@
 //! internally tagged enums: keep the default (external) enum tagging.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +18,7 @@ use super::drill::{Drills, Event as DrillEvent, StartDrill, Stop};
 use crate::allocation::global_rule::GlobalRule;
 use crate::allocation::{Allocations, EpochDelta};
 use crate::cluster_id::ClusterId;
+use crate::overrides::{OverrideChange, Overrides, Refused as OverrideRefused};
 use crate::rules::{RuleErrors, RuleFile, RuleSet};
 
 /// A rule-set version's place in the staged rollout.
@@ -151,6 +153,9 @@ pub enum Command {
         id: u64,
         events: Vec<DrillEvent>,
     },
+    /// Sets and removes per-key overrides, all or nothing (storage format
+    /// 4, appended after the drill commands).
+    SetOverrides(OverrideChange),
 }
 
 impl Command {
@@ -198,9 +203,14 @@ pub struct Registry {
     /// only from the cluster whose id they hold. `None` in a new cluster
     /// and in data written in storage format 1, until a leader sets it.
     pub cluster_id: Option<ClusterId>,
-    /// Failover drills, active and past (from storage format 3; last, so a
-    /// format-2 payload is this one without it).
+    /// Failover drills, active and past (from storage format 3; after the
+    /// cluster id, so a format-2 payload is this one without it and the
+    /// overrides).
     pub drills: Drills,
+    /// Per-key overrides (from storage format 4; last). An `Arc`: the state
+    /// is cloned for every apply batch and published to readers, and only
+    /// an override change copies the set.
+    pub overrides: Arc<Overrides>,
 }
 
 fn rejected(reason: impl Into<String>) -> Outcome {
@@ -446,6 +456,21 @@ impl Registry {
                 Ok(()) => Outcome::Applied { version: Some(id) },
                 Err(reason) => rejected(reason),
             },
+            Command::SetOverrides(change) => {
+                // Refused changes leave the set as it was: `apply` is whole.
+                let mut next = Overrides::clone(&self.overrides);
+                match next.apply(&change) {
+                    Ok(_) => {
+                        let version = next.version;
+                        self.overrides = Arc::new(next);
+                        Outcome::Applied {
+                            version: Some(version),
+                        }
+                    }
+                    Err(OverrideRefused::NotFound(reason)) => Outcome::NotFound { reason },
+                    Err(OverrideRefused::Rejected(reason)) => rejected(reason),
+                }
+            }
             Command::DeleteRegion { name } => {
                 let in_canary = self.current().is_some_and(
                     |v| matches!(&v.stage, Stage::Canary { regions } if regions.contains(&name)),

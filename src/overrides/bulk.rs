@@ -167,7 +167,9 @@ pub fn parse_json(text: &[u8]) -> Result<Vec<Row>, BulkError> {
 /// Rows from CSV with a header line naming the columns (any order; the
 /// fields of [`Row`]; `domain`, `descriptor` and `limit` required).
 pub fn parse_csv(text: &[u8]) -> Result<Vec<Row>, BulkError> {
-    let mut reader = csv::ReaderBuilder::new().trim(csv::Trim::All).from_reader(text);
+    let mut reader = csv::ReaderBuilder::new()
+        .trim(csv::Trim::All)
+        .from_reader(text);
     let mut rows = Vec::new();
     for (i, record) in reader.deserialize::<CsvRow>().enumerate() {
         if rows.len() >= MAX_OVERRIDES {
@@ -259,7 +261,9 @@ pub fn to_csv<'a>(overrides: impl IntoIterator<Item = &'a Override>) -> String {
                 .unwrap_or_default(),
             row.reason,
             row.set_by.unwrap_or_default(),
-            row.set_at_unix_ms.map(|t| t.to_string()).unwrap_or_default(),
+            row.set_at_unix_ms
+                .map(|t| t.to_string())
+                .unwrap_or_default(),
         ]);
     }
     String::from_utf8(writer.into_inner().unwrap_or_default()).unwrap_or_default()

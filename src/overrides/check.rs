@@ -185,9 +185,7 @@ pub fn params_for(rule: &Params, limit: u64, burst: Option<u64>) -> Result<Param
         ));
     }
     let burst = match burst {
-        Some(b) => Some(
-            i64::try_from(b).map_err(|_| InvalidInput::new("burst", b, "too large"))?,
-        ),
+        Some(b) => Some(i64::try_from(b).map_err(|_| InvalidInput::new("burst", b, "too large"))?),
         None => algorithm.has_burst().then_some(limit_i64),
     };
     let period: Duration = rule.period();

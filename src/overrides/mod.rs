@@ -124,7 +124,10 @@ impl Overrides {
     /// applied change first drops what expired as of its time.
     pub fn apply(&mut self, change: &OverrideChange) -> Result<Touched, Refused> {
         if !change.replace_all
-            && let Some(missing) = change.remove.iter().find(|id| !self.by_id.contains_key(*id))
+            && let Some(missing) = change
+                .remove
+                .iter()
+                .find(|id| !self.by_id.contains_key(*id))
         {
             return Err(Refused::NotFound(format!(
                 "no override of rule {} for key {}",

@@ -65,7 +65,10 @@ fn change(set: Vec<Override>, remove: Vec<(String, String)>) -> OverrideChange {
 #[test]
 fn an_override_resolves_to_its_rule_and_the_key_that_rule_counts() {
     let o = held("42", 5_000, None);
-    assert_eq!((o.rule.as_str(), o.key.as_str()), ("api|customer", "customer=42"));
+    assert_eq!(
+        (o.rule.as_str(), o.key.as_str()),
+        ("api|customer", "customer=42")
+    );
     assert_eq!(o.set_by, "admin token sha256:00");
     assert!(o.live_at(NOW));
 }
@@ -155,7 +158,9 @@ fn the_bound_refuses_a_change_whole_and_a_replace_counts_only_what_it_sets() {
             ..template.clone()
         })
         .collect();
-    overrides.apply(&change(many, vec![])).expect("at the bound");
+    overrides
+        .apply(&change(many, vec![]))
+        .expect("at the bound");
     let refused = overrides.apply(&change(vec![held("x", 2_000, None)], vec![]));
     match refused {
         Err(Refused::Rejected(reason)) => assert!(reason.contains("100000"), "{reason}"),
@@ -187,12 +192,21 @@ fn the_index_finds_a_key_in_force_with_the_rules_algorithm_and_period() {
         .resolve("api", &[("customer", "42")])
         .and_then(|r| r.rule)
         .expect("rule");
-    let params = index.params(customer, "customer=42", NOW).expect("in force");
+    let params = index
+        .params(customer, "customer=42", NOW)
+        .expect("in force");
     assert_eq!(params.limit(), 5_000);
     assert_eq!(params.period(), std::time::Duration::from_secs(60));
-    assert_eq!(params.algorithm(), customer.params.as_ref().expect("p").algorithm());
+    assert_eq!(
+        params.algorithm(),
+        customer.params.as_ref().expect("p").algorithm()
+    );
     assert_eq!(index.params(customer, "customer=43", NOW), None);
-    assert_eq!(index.params(customer, "customer=42", NOW + 1_000), None, "expired");
+    assert_eq!(
+        index.params(customer, "customer=42", NOW + 1_000),
+        None,
+        "expired"
+    );
     let bucket = set
         .resolve("api", &[("bucket", "7")])
         .and_then(|r| r.rule)

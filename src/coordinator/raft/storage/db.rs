@@ -18,6 +18,8 @@ pub(super) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft
 pub(super) const VERSIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("sm_versions");
 pub(super) const SM_META: TableDefinition<&str, &[u8]> = TableDefinition::new("sm_meta");
 pub(super) const SM_DRILLS: TableDefinition<u64, &[u8]> = TableDefinition::new("sm_drills");
+/// One row per override, keyed by the bincode of its (rule, key).
+pub(super) const SM_OVERRIDES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("sm_overrides");
 
 /// The file inside `--data-dir`.
 pub const DB_FILE: &str = "coordinator.redb";

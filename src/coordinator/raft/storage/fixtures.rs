@@ -140,6 +140,24 @@ pub(super) fn fixture_applied() -> Applied {
             reason: StopReason::Stopped,
         },
     });
+    // From version 4: an override.
+    commands.push(Command::SetOverrides(crate::overrides::OverrideChange {
+        set: vec![crate::overrides::Override {
+            domain: "a".into(),
+            entries: vec![("user".into(), "7".into())],
+            rule: "a|user".into(),
+            key: "user=7".into(),
+            limit: 5_000,
+            burst: None,
+            expires_at_unix_ms: Some(90_000_000),
+            reason: "enterprise plan".into(),
+            set_by: "admin token sha256:0a1b2c3d (ops)".into(),
+            set_at_unix_ms: 85_000,
+        }],
+        remove: Vec::new(),
+        replace_all: false,
+        at_unix_ms: 85_000,
+    }));
     for command in commands {
         registry.apply(command);
     }
@@ -166,9 +184,16 @@ pub(super) fn fixture_applied() -> Applied {
     }
 }
 
-/// [`fixture_applied`] as version 2 holds it: without drills.
-pub(super) fn fixture_applied_v2() -> Applied {
+/// [`fixture_applied`] as version 3 holds it: without overrides.
+pub(super) fn fixture_applied_v3() -> Applied {
     let mut applied = fixture_applied();
+    applied.registry.overrides = Default::default();
+    applied
+}
+
+/// [`fixture_applied`] as version 2 holds it: without drills (nor overrides).
+pub(super) fn fixture_applied_v2() -> Applied {
+    let mut applied = fixture_applied_v3();
     applied.registry.drills = Drills::default();
     applied
 }
@@ -205,4 +230,11 @@ pub(super) const SNAPSHOT_V2: &[u8] = include_bytes!(concat!(
 pub(super) const SNAPSHOT_V3: &[u8] = include_bytes!(concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/fixtures/raft/snapshot-v3.bin"
+));
+
+/// The version-4 snapshot of [`fixture_applied`], first written by the
+/// build that introduced version 4; re-encoded byte for byte by a test in `format`.
+pub(super) const SNAPSHOT_V4: &[u8] = include_bytes!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/raft/snapshot-v4.bin"
 ));

@@ -31,7 +31,10 @@
 //!    last variant, so every other command keeps its tag);
 //! 3. adds failover drills: [`Registry::drills`] (last field), the
 //!    `sm_drills` table, `sm_meta.drills_last_id` and the three drill
-//!    commands (appended after `SetClusterId`).
+//!    commands (appended after `SetClusterId`);
+//! 4. adds per-key overrides: [`Registry::overrides`] (last field), the
+//!    `sm_overrides` table (one row per override), `sm_meta.overrides_version`
+//!    and `SetOverrides` (appended after the drill commands).
 //!
 //! Migration: [`open`](super::open) takes a dir of an older known version and records
 //! [`FORMAT_VERSION`] in it before it is used, so the rule above (one dir,
@@ -39,7 +42,8 @@
 //! rewrites nothing else, so a version may be migrated this way only when
 //! the older one's tables and log entries decode unchanged as the newer one:
 //! true of 1 → 2 (a missing `sm_meta.cluster_id` reads as "no id yet", which
-//! the leader then sets) and of 2 → 3 (no drills yet). A snapshot keeps the version it was written in and
+//! the leader then sets), of 2 → 3 (no drills yet) and of 3 → 4 (no
+//! overrides yet). A snapshot keeps the version it was written in and
 //! is decoded as such ([`decode_snapshot`]); new snapshots are written in
 //! [`FORMAT_VERSION`].
 
@@ -58,9 +62,9 @@ use crate::coordinator::state::{Region, Registry, RuleSetVersion};
 /// The storage format this build writes (see the module docs). Bump it, add
 /// it to [`KNOWN_FORMATS`] and commit a fixture for it whenever a stored
 /// type's encoding changes.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 /// The storage formats this build reads.
-pub const KNOWN_FORMATS: &[u32] = &[1, 2, 3];
+pub const KNOWN_FORMATS: &[u32] = &[1, 2, 3, 4];
 /// The format of data written before versions were recorded.
 pub(super) const UNVERSIONED_FORMAT: u32 = 1;
 /// `raft_meta` key of the data dir's format version.
@@ -116,6 +120,7 @@ impl From<AppliedV1> for Applied {
                 allocations: v1.registry.allocations,
                 cluster_id: None,
                 drills: Drills::default(),
+                overrides: Default::default(),
             },
         }
     }
@@ -151,6 +156,44 @@ impl From<AppliedV2> for Applied {
                 allocations: v2.registry.allocations,
                 cluster_id: v2.registry.cluster_id,
                 drills: Drills::default(),
+                overrides: Default::default(),
+            },
+        }
+    }
+}
+
+/// Version 3's [`Applied`]: version 4 without the overrides, which come
+/// last in the registry. Must never change.
+#[derive(Serialize, Deserialize)]
+struct AppliedV3 {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    registry: RegistryV3,
+}
+
+/// Version 3's [`Registry`].
+#[derive(Serialize, Deserialize)]
+struct RegistryV3 {
+    versions: BTreeMap<u64, RuleSetVersion>,
+    regions: BTreeMap<String, Region>,
+    allocations: Allocations,
+    cluster_id: Option<ClusterId>,
+    drills: Drills,
+}
+
+impl From<AppliedV3> for Applied {
+    /// The version-3 state in this build: no overrides yet.
+    fn from(v3: AppliedV3) -> Applied {
+        Applied {
+            last_applied: v3.last_applied,
+            membership: v3.membership,
+            registry: Registry {
+                versions: v3.registry.versions,
+                regions: v3.registry.regions,
+                allocations: v3.registry.allocations,
+                cluster_id: v3.registry.cluster_id,
+                drills: v3.registry.drills,
+                overrides: Default::default(),
             },
         }
     }
@@ -182,7 +225,8 @@ pub(super) fn decode_snapshot(data: &[u8], what: &str) -> Result<Applied, DiskEr
     match u32::from_le_bytes(*version) {
         1 => Ok(bincode::deserialize::<AppliedV1>(payload)?.into()),
         2 => Ok(bincode::deserialize::<AppliedV2>(payload)?.into()),
-        3 => Ok(bincode::deserialize(payload)?),
+        3 => Ok(bincode::deserialize::<AppliedV3>(payload)?.into()),
+        4 => Ok(bincode::deserialize(payload)?),
         found => Err(DiskError::UnknownFormat {
             what: what.to_string(),
             found,
@@ -214,19 +258,43 @@ mod tests {
     use super::*;
     use crate::allocation::GrantChange;
     use crate::coordinator::raft::storage::fixtures::{
-        FIXTURE_CLUSTER_ID, SNAPSHOT_V1, SNAPSHOT_V2, SNAPSHOT_V3, fixture_applied,
-        fixture_applied_v1, fixture_applied_v2,
+        FIXTURE_CLUSTER_ID, SNAPSHOT_V1, SNAPSHOT_V2, SNAPSHOT_V3, SNAPSHOT_V4, fixture_applied,
+        fixture_applied_v1, fixture_applied_v2, fixture_applied_v3,
     };
 
     #[test]
-    fn committed_v3_snapshot_decodes_to_the_fixture_state_and_this_build_writes_it() {
-        let applied = decode_snapshot(SNAPSHOT_V3, "fixture").expect("decode");
+    fn committed_v4_snapshot_decodes_to_the_fixture_state_and_this_build_writes_it() {
+        let applied = decode_snapshot(SNAPSHOT_V4, "fixture").expect("decode");
         assert_eq!(applied, fixture_applied());
         assert_eq!(applied.registry.drills.last_id, 1);
+        assert_eq!(applied.registry.overrides.by_id.len(), 1);
         assert_eq!(
             encode_snapshot(&applied).expect("encode"),
-            SNAPSHOT_V3,
-            "this build must write version 3 exactly as the fixture"
+            SNAPSHOT_V4,
+            "this build must write version 4 exactly as the fixture"
+        );
+    }
+
+    #[test]
+    fn committed_v3_snapshot_decodes_to_the_fixture_state_without_overrides() {
+        let applied = decode_snapshot(SNAPSHOT_V3, "fixture").expect("decode");
+        assert_eq!(applied, fixture_applied_v3());
+        assert_eq!(applied.registry.drills.last_id, 1);
+        let v3 = AppliedV3 {
+            last_applied: applied.last_applied,
+            membership: applied.membership.clone(),
+            registry: RegistryV3 {
+                versions: applied.registry.versions.clone(),
+                regions: applied.registry.regions.clone(),
+                allocations: applied.registry.allocations.clone(),
+                cluster_id: applied.registry.cluster_id,
+                drills: applied.registry.drills.clone(),
+            },
+        };
+        assert_eq!(
+            bincode::serialize(&v3).expect("encode"),
+            payload(SNAPSHOT_V3),
+            "AppliedV3 must read and write version 3 exactly as the fixture"
         );
     }
 
@@ -320,7 +388,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "snapshot 3-1-42 is in storage format version 7, but this build knows only \
-             version(s) [1, 2, 3]; run a Meridian build that knows version 7"
+             version(s) [1, 2, 3, 4]; run a Meridian build that knows version 7"
         );
         let cut = decode_snapshot(&SNAPSHOT_V1[..6], "snapshot x").expect_err("cut short");
         assert!(cut.to_string().contains("cut short"), "{cut}");

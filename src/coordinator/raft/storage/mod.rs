@@ -56,7 +56,7 @@ use std::sync::Arc;
 use redb::{Database, ReadableTable, ReadableTableMetadata};
 
 pub use self::db::{DB_FILE, DiskError};
-use self::db::{LOG, META, SM_DRILLS, SM_META, VERSIONS};
+use self::db::{LOG, META, SM_DRILLS, SM_META, SM_OVERRIDES, VERSIONS};
 pub use self::format::{Applied, FORMAT_VERSION, KNOWN_FORMATS};
 use self::format::{FORMAT_KEY, UNVERSIONED_FORMAT, read_format};
 pub use self::log_store::LogStore;
@@ -136,6 +136,7 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), DiskError> {
     let versions = txn.open_table(VERSIONS)?;
     let sm_meta = txn.open_table(SM_META)?;
     let sm_drills = txn.open_table(SM_DRILLS)?;
+    let sm_overrides = txn.open_table(SM_OVERRIDES)?;
     let mut meta = txn.open_table(META)?;
     let found = match recorded {
         Some(found) => Some(found),
@@ -143,7 +144,8 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), DiskError> {
             && meta.is_empty()?
             && versions.is_empty()?
             && sm_meta.is_empty()?
-            && sm_drills.is_empty()? =>
+            && sm_drills.is_empty()?
+            && sm_overrides.is_empty()? =>
         {
             None
         }
@@ -167,7 +169,7 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), DiskError> {
         }
         meta.insert(FORMAT_KEY, FORMAT_VERSION.to_le_bytes().as_slice())?;
     }
-    drop((log, versions, sm_meta, sm_drills, meta));
+    drop((log, versions, sm_meta, sm_drills, sm_overrides, meta));
     txn.commit()?;
     // After the commit above (durable): the record never describes a store
     // that is not on disk yet.
@@ -191,7 +193,7 @@ mod tests {
     use tempfile::TempDir;
 
     use super::db::put_meta;
-    use super::fixtures::{SNAPSHOT_V1, SNAPSHOT_V3, fixture_applied, fixture_applied_v1};
+    use super::fixtures::{SNAPSHOT_V1, SNAPSHOT_V4, fixture_applied, fixture_applied_v1};
     use super::format::decode_snapshot;
     use super::*;
     use crate::cluster_id::ClusterId;
@@ -230,7 +232,7 @@ mod tests {
             last_membership: applied.membership.clone(),
             snapshot_id: "fixture".into(),
         };
-        sm.install_snapshot(&meta, Box::new(Cursor::new(SNAPSHOT_V3.to_vec())))
+        sm.install_snapshot(&meta, Box::new(Cursor::new(SNAPSHOT_V4.to_vec())))
             .await
             .expect("install");
         dir
@@ -324,7 +326,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "coordinator.redb is in storage format version 9, but this build knows only \
-             version(s) [1, 2, 3]; run a Meridian build that knows version 9"
+             version(s) [1, 2, 3, 4]; run a Meridian build that knows version 9"
         );
         assert_eq!(
             recorded_format(dir.path()),

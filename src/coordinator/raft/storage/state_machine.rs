@@ -14,7 +14,9 @@ use redb::{Database, Durability, ReadableDatabase};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::db::{DiskError, SM_DRILLS, SM_META, VERSIONS, blocking, get_meta, put_meta};
+use super::db::{
+    DiskError, SM_DRILLS, SM_META, SM_OVERRIDES, VERSIONS, blocking, get_meta, put_meta,
+};
 use super::format::{Applied, decode_snapshot, encode_snapshot};
 use crate::allocation::Allocations;
 use crate::cluster_id::ClusterId;
@@ -22,6 +24,7 @@ use crate::coordinator::raft::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
 use crate::coordinator::state::{Outcome, Region, Registry, RuleSetVersion};
+use crate::overrides::{Override, Overrides};
 
 /// `sm_meta.applied`: how far the state machine on disk got, written with
 /// every apply batch. Encodes as the `(last_applied, membership)` tuple it
@@ -74,6 +77,19 @@ fn load_applied(db: &Database) -> Result<Applied, DiskError> {
             .insert(k.value(), Arc::new(bincode::deserialize(v.value())?));
     }
     registry.drills.last_id = last_drill.unwrap_or_default();
+    // Absent before format 4.
+    let overrides_version: Option<u64> = get_meta(db, SM_META, "overrides_version")?;
+    let mut overrides = Overrides {
+        version: overrides_version.unwrap_or_default(),
+        ..Overrides::default()
+    };
+    let rows = txn.open_table(SM_OVERRIDES)?;
+    for item in rows.range::<&[u8]>(..)? {
+        let (_, v) = item?;
+        let o: Override = bincode::deserialize(v.value())?;
+        overrides.by_id.insert(o.id(), o);
+    }
+    registry.overrides = Arc::new(overrides);
     let (last_applied, membership) =
         header.map_or_else(Default::default, |h| (h.last_applied, h.membership));
     Ok(Applied {
@@ -90,6 +106,9 @@ struct Rows<'a> {
     /// Drills to write; rows of drills no longer held are deleted whenever
     /// this is not empty.
     drills: &'a [u64],
+    /// The overrides before the batch, when it changed them: rows that
+    /// differ from the registry's are written, rows no longer held deleted.
+    overrides_before: Option<&'a Overrides>,
     /// Drop every other version and drill first (snapshot install).
     replace: bool,
 }
@@ -105,6 +124,7 @@ fn persist_applied(
     let Rows {
         versions,
         drills,
+        overrides_before,
         replace: replace_versions,
     } = rows;
     let header = bincode::serialize(&AppliedHeader {
@@ -129,6 +149,35 @@ fn persist_applied(
         m.insert("regions", regions.as_slice())?;
         m.insert("allocations", allocations.as_slice())?;
         m.insert("cluster_id", cluster_id.as_slice())?;
+        let overrides = &applied.registry.overrides;
+        if replace_versions || overrides_before.is_some() {
+            m.insert(
+                "overrides_version",
+                bincode::serialize(&overrides.version)?.as_slice(),
+            )?;
+            let mut t = txn.open_table(SM_OVERRIDES)?;
+            let empty = Overrides::default();
+            let before = match overrides_before {
+                Some(before) if !replace_versions => before,
+                _ => {
+                    t.retain(|_, _| false)?;
+                    &empty
+                }
+            };
+            for id in before.by_id.keys() {
+                if !overrides.by_id.contains_key(id) {
+                    t.remove(bincode::serialize(id)?.as_slice())?;
+                }
+            }
+            for (id, o) in &overrides.by_id {
+                if before.by_id.get(id) != Some(o) {
+                    t.insert(
+                        bincode::serialize(id)?.as_slice(),
+                        bincode::serialize(o)?.as_slice(),
+                    )?;
+                }
+            }
+        }
         let held = &applied.registry.drills;
         if replace_versions || !drills.is_empty() {
             m.insert(
@@ -202,6 +251,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // A batch creates versions above the current one and may move the
         // current one's stage: those are the versions to write.
         let first_dirty = self.applied.registry.current().map_or(0, |v| v.number);
+        let overrides_before = Arc::clone(&self.applied.registry.overrides);
         let mut outcomes = Vec::new();
         let mut drills = Vec::new();
         for entry in entries {
@@ -239,9 +289,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     .range(first_dirty..)
                     .map(|(_, v)| v.clone())
                     .collect();
+                let changed = !Arc::ptr_eq(&overrides_before, &applied.registry.overrides);
                 let rows = Rows {
                     versions: &dirty,
                     drills: &drills,
+                    overrides_before: changed.then_some(overrides_before.as_ref()),
                     replace: false,
                 };
                 persist_applied(db, &applied, rows, Durability::None)
@@ -289,6 +341,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 let rows = Rows {
                     versions: &versions,
                     drills: &[],
+                    overrides_before: None,
                     replace: true,
                 };
                 persist_applied(db, &to_write, rows, Durability::Immediate)?;
@@ -361,8 +414,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
 mod tests {
     use super::*;
     use crate::coordinator::raft::storage::fixtures::{
-        SNAPSHOT_V1, SNAPSHOT_V2, SNAPSHOT_V3, fixture_applied, fixture_applied_v1,
-        fixture_applied_v2,
+        SNAPSHOT_V1, SNAPSHOT_V2, SNAPSHOT_V3, SNAPSHOT_V4, fixture_applied, fixture_applied_v1,
+        fixture_applied_v2, fixture_applied_v3,
     };
     use crate::coordinator::raft::storage::format::SNAPSHOT_MAGIC;
     use crate::coordinator::raft::storage::open;
@@ -372,7 +425,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let (_log, mut sm) = open(dir.path()).expect("open");
         let mut data = SNAPSHOT_V3.to_vec();
-        data[SNAPSHOT_MAGIC.len()..SNAPSHOT_MAGIC.len() + 4].copy_from_slice(&4u32.to_le_bytes());
+        data[SNAPSHOT_MAGIC.len()..SNAPSHOT_MAGIC.len() + 4].copy_from_slice(&5u32.to_le_bytes());
         let applied = fixture_applied();
         let meta = SnapshotMeta {
             last_log_id: applied.last_applied,
@@ -382,9 +435,9 @@ mod tests {
         let err = sm
             .install_snapshot(&meta, Box::new(Cursor::new(data)))
             .await
-            .expect_err("version 4 is unknown");
+            .expect_err("version 5 is unknown");
         assert!(
-            err.to_string().contains("format version 4"),
+            err.to_string().contains("format version 5"),
             "the error names the version: {err}"
         );
         assert_eq!(*sm.subscribe().borrow().as_ref(), Applied::default());
@@ -399,8 +452,12 @@ mod tests {
         sm.install_snapshot(&meta, Box::new(Cursor::new(SNAPSHOT_V3.to_vec())))
             .await
             .expect("version 3 installs");
+        assert_eq!(*sm.subscribe().borrow().as_ref(), fixture_applied_v3());
+        sm.install_snapshot(&meta, Box::new(Cursor::new(SNAPSHOT_V4.to_vec())))
+            .await
+            .expect("version 4 installs");
         assert_eq!(*sm.subscribe().borrow().as_ref(), applied);
-        // Installed drills are in the tables: they survive a reopen.
+        // Installed drills and overrides are in the tables: they survive a reopen.
         drop((_log, sm));
         let (_log, sm) = open(dir.path()).expect("reopen");
         assert_eq!(*sm.subscribe().borrow().as_ref(), applied);
@@ -482,5 +539,76 @@ mod tests {
         let applied = sm.subscribe().borrow().clone();
         assert_eq!(applied.registry.drills, expected.registry.drills);
         assert_eq!(applied.registry.drills.by_id[&1].events.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn overrides_set_removed_and_expired_survive_reopen_row_by_row() {
+        use crate::coordinator::state::Command;
+        use crate::overrides::{Override, OverrideChange};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let entry = |index: u64, command: Command| Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 0), index),
+            payload: EntryPayload::Normal(command),
+        };
+        let o = |key: &str, expires: Option<i64>| Override {
+            domain: "api".into(),
+            entries: vec![("customer".into(), key.into())],
+            rule: "api|customer".into(),
+            key: format!("customer={key}"),
+            limit: 5_000,
+            burst: None,
+            expires_at_unix_ms: expires,
+            reason: String::new(),
+            set_by: "t".into(),
+            set_at_unix_ms: 1,
+        };
+        let change = |set, remove, at| {
+            Command::SetOverrides(OverrideChange {
+                set,
+                remove,
+                replace_all: false,
+                at_unix_ms: at,
+            })
+        };
+        let expected = {
+            let (_log, mut sm) = open(dir.path()).expect("open");
+            sm.apply([
+                entry(
+                    1,
+                    change(
+                        vec![o("1", None), o("2", Some(50)), o("3", None)],
+                        vec![],
+                        10,
+                    ),
+                ),
+                entry(
+                    2,
+                    change(
+                        vec![],
+                        vec![("api|customer".into(), "customer=3".into())],
+                        20,
+                    ),
+                ),
+            ])
+            .await
+            .expect("apply");
+            // In a batch of its own, after 2 expired: 2 is dropped, 4 added.
+            sm.apply([entry(3, change(vec![o("4", None)], vec![], 60))])
+                .await
+                .expect("apply");
+            sm.subscribe().borrow().clone()
+        };
+        assert_eq!(expected.registry.overrides.version, 3);
+        let (_log, sm) = open(dir.path()).expect("reopen");
+        let applied = sm.subscribe().borrow().clone();
+        assert_eq!(applied.registry.overrides, expected.registry.overrides);
+        let keys: Vec<&str> = applied
+            .registry
+            .overrides
+            .by_id
+            .keys()
+            .map(|(_, k)| k.as_str())
+            .collect();
+        assert_eq!(keys, vec!["customer=1", "customer=4"]);
     }
 }
