@@ -2,13 +2,14 @@
 //! checked from the headers first, then the body, read within its size
 //! limit and deadline.
 
+use std::net::SocketAddr;
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use metrics::counter;
 use serde::Deserialize;
 use tokio_stream::StreamExt;
@@ -16,10 +17,16 @@ use tokio_stream::StreamExt;
 use super::Api;
 use super::errors::ApiError;
 use crate::algorithm::{Algorithm, Params};
+use crate::coordinator::drill::Actor;
 use crate::store::{Limit, MemoryStore};
 
 /// Largest request body accepted (a whole rule set); larger gets 413.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// Largest body of a bulk override import, and of a write a follower
+/// forwards to the leader (which may carry such an import): 100,000 rows
+/// of CSV take about 5 MB, their forwarded change as JSON about 25 MB.
+pub const MAX_BULK_BODY_BYTES: usize = 48 * 1024 * 1024;
 
 /// How much of an oversized body is read and dropped so the client gets its
 /// 413; beyond this the connection is simply closed.
@@ -92,17 +99,18 @@ impl FromRequestParts<Api> for Admin {
     }
 }
 
-/// The body of an admin write, read (within [`MAX_BODY_BYTES`] and
-/// [`BODY_DEADLINE`]) only after the headers proved the admin token.
-pub(super) struct AdminBody(pub Bytes);
+/// The body of an admin write, read (within `LIMIT` bytes, by default
+/// [`MAX_BODY_BYTES`], and [`BODY_DEADLINE`]) only after the headers proved
+/// the admin token.
+pub(super) struct AdminBody<const LIMIT: usize = MAX_BODY_BYTES>(pub Bytes);
 
-impl FromRequest<Api> for AdminBody {
+impl<const LIMIT: usize> FromRequest<Api> for AdminBody<LIMIT> {
     type Rejection = ApiError;
 
-    async fn from_request(request: Request, api: &Api) -> Result<AdminBody, ApiError> {
+    async fn from_request(request: Request, api: &Api) -> Result<AdminBody<LIMIT>, ApiError> {
         let (mut parts, body) = request.into_parts();
         check_token(&mut parts, &[api.node.admin_token.as_str()], "admin").await?;
-        match tokio::time::timeout(BODY_DEADLINE, read_body(body)).await {
+        match tokio::time::timeout(BODY_DEADLINE, read_body(body, LIMIT)).await {
             Ok(bytes) => Ok(AdminBody(bytes?)),
             Err(_) => Err(ApiError::new(
                 StatusCode::REQUEST_TIMEOUT,
@@ -176,11 +184,11 @@ fn same(given: &str, expected: &str) -> bool {
             == 0
 }
 
-/// Reads a request body of at most [`MAX_BODY_BYTES`]. A larger body is
-/// still read (and dropped) up to [`DRAIN_LIMIT_BYTES`] before the 413: a
-/// server that answers without reading the body closes the connection under
-/// the client, which then sees a reset instead of the JSON error.
-async fn read_body(body: Body) -> Result<Bytes, ApiError> {
+/// Reads a request body of at most `limit` bytes. A larger body is still
+/// read (and dropped) up to [`DRAIN_LIMIT_BYTES`] before the 413: a server
+/// that answers without reading the body closes the connection under the
+/// client, which then sees a reset instead of the JSON error.
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     let mut stream = body.into_data_stream();
     let mut kept = Vec::new();
     let mut total = 0usize;
@@ -192,16 +200,16 @@ async fn read_body(body: Body) -> Result<Bytes, ApiError> {
             )
         })?;
         total = total.saturating_add(chunk.len());
-        if total <= MAX_BODY_BYTES {
+        if total <= limit {
             kept.extend_from_slice(&chunk);
-        } else if total > DRAIN_LIMIT_BYTES {
+        } else if total > DRAIN_LIMIT_BYTES.max(limit) {
             break;
         }
     }
-    if total > MAX_BODY_BYTES {
+    if total > limit {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body is larger than {MAX_BODY_BYTES} bytes"),
+            format!("request body is larger than {limit} bytes"),
         ));
     }
     Ok(Bytes::from(kept))
@@ -213,3 +221,35 @@ pub(super) fn parse_json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T
     serde_json::from_slice(bytes)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))
 }
+
+/// Header naming the operator (ctl sends `$USER`): recorded, not verified.
+pub const OPERATOR_HEADER: &str = "x-meridian-operator";
+
+/// Longest operator name kept, in bytes.
+const MAX_OPERATOR_BYTES: usize = 64;
+
+/// Who is asking: the admin token's fingerprint (the token itself is never
+/// stored), the client's address, and the operator name it gave.
+pub(super) fn actor(api: &Api, headers: &HeaderMap, peer: &SocketAddr) -> Actor {
+    let digest = ring::digest::digest(&ring::digest::SHA256, api.node.admin_token.as_bytes());
+    let fingerprint: String = digest.as_ref()[..4]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let operator = headers
+        .get(OPERATOR_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.chars()
+                .filter(|c| !c.is_control())
+                .take(MAX_OPERATOR_BYTES)
+                .collect::<String>()
+        })
+        .filter(|v| !v.is_empty());
+    Actor {
+        credential: format!("admin token sha256:{fingerprint}"),
+        from: peer.to_string(),
+        operator,
+    }
+}
+

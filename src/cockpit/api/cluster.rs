@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::Api;
-use super::auth::{Admin, AdminBody, parse_json};
+use super::auth::{Admin, AdminBody, MAX_BULK_BODY_BYTES, parse_json};
 use super::errors::{ApiError, ApiResult};
 use super::read::Read;
 use super::write::submit;
@@ -141,7 +141,7 @@ pub(super) async fn remove_node(
 /// renders it for its client.
 pub(super) async fn internal_write(
     State(api): State<Api>,
-    AdminBody(bytes): AdminBody,
+    AdminBody(bytes): AdminBody<MAX_BULK_BODY_BYTES>,
 ) -> ApiResult {
     let write: Write = parse_json(&bytes)?;
     let reply = api.node.write(write, true).await?;

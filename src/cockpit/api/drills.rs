@@ -13,20 +13,15 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::Api;
-use super::auth::{AdminBody, parse_json};
+use super::auth::{AdminBody, actor, parse_json};
 use super::errors::{ApiError, ApiResult};
 use super::read::Read;
 use crate::clock::now_unix_ms;
 use crate::coordinator::drill::report::{markdown, report};
-use crate::coordinator::drill::{Actor, Drill, Mode, StartDrill, Stop, StopReason};
+use crate::coordinator::drill::{Drill, Mode, StartDrill, Stop, StopReason};
 use crate::coordinator::node::Write;
 use crate::coordinator::state::{Command, Outcome};
 
-/// Header naming the operator (ctl sends `$USER`): recorded, not verified.
-pub const OPERATOR_HEADER: &str = "x-meridian-operator";
-
-/// Longest operator name kept, in bytes.
-const MAX_OPERATOR_BYTES: usize = 64;
 
 /// The body of `POST /api/v1/drills`.
 #[derive(Deserialize)]
@@ -45,31 +40,6 @@ struct StartBody {
 
 fn unprocessable(field: &str, message: String) -> ApiError {
     ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, message).with("field", json!(field))
-}
-
-/// Who is asking: the admin token's fingerprint (the token itself is never
-/// stored), the client's address, and the operator name it gave.
-fn actor(api: &Api, headers: &HeaderMap, peer: &SocketAddr) -> Actor {
-    let digest = ring::digest::digest(&ring::digest::SHA256, api.node.admin_token.as_bytes());
-    let fingerprint: String = digest.as_ref()[..4]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let operator = headers
-        .get(OPERATOR_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.chars()
-                .filter(|c| !c.is_control())
-                .take(MAX_OPERATOR_BYTES)
-                .collect::<String>()
-        })
-        .filter(|v| !v.is_empty());
-    Actor {
-        credential: format!("admin token sha256:{fingerprint}"),
-        from: peer.to_string(),
-        operator,
-    }
 }
 
 /// A drill's summary for lists.

@@ -6,7 +6,7 @@
 //! node's applied state unless `?consistent=true` (`read.rs`).
 //!
 //! One file per resource: `rules.rs` (its diffs computed and kept by
-//! `rule_diffs.rs`), `regions.rs`, `allocations.rs`,
+//! `rule_diffs.rs`), `regions.rs`, `overrides.rs`, `allocations.rs`,
 //! `history.rs`, `ledger.rs`, `cluster.rs`, `events.rs`; the dashboard's page is
 //! `dashboard.rs`; the route table below names every endpoint.
 
@@ -20,6 +20,7 @@ mod events;
 mod history;
 mod ledger;
 mod listener;
+mod overrides;
 mod read;
 mod ready;
 mod regions;
@@ -98,6 +99,16 @@ pub fn router(api: Api) -> Router {
         .route("/api/v1/drills/{id}", get(drills::get_drill))
         .route("/api/v1/drills/{id}/stop", post(drills::stop_drill))
         .route("/api/v1/drills/{id}/report", get(drills::get_report))
+        .route(
+            "/api/v1/overrides",
+            get(overrides::list_overrides)
+                .put(overrides::put_override)
+                .delete(overrides::delete_override),
+        )
+        .route(
+            "/api/v1/overrides/import",
+            post(overrides::import_overrides),
+        )
         .route("/api/v1/allocations", get(allocations::get_allocations))
         .route("/api/v1/leases", get(allocations::get_leases))
         .route("/api/v1/history", get(history::get_history))
