@@ -66,6 +66,7 @@ pub const MAX_ASSEMBLED_UPDATE_BYTES: usize = 512 * 1024 * 1024;
 
 pub mod allocation_parts;
 pub mod codec;
+pub mod override_parts;
 
 /// The per-region allocation update travels as `meridian.v1.AllocationUpdate`;
 /// the coordinator builds it, the limiter reads it.

@@ -21,6 +21,7 @@ use crate::allocation::table::region_update;
 use crate::proto::allocation_parts;
 use crate::proto::meridian::v1 as pb;
 use crate::proto::meridian::v1::coordinator_server;
+use crate::proto::override_parts::PartsCache;
 
 /// Serves the watch streams from the node's applied state; hands reports to
 /// the allocator (which relays them to the leader).
@@ -36,6 +37,8 @@ pub struct CoordinatorService {
     /// The allocation updates of the latest epochs, computed once per
     /// (from, to, region) and shared by every stream that sends them.
     updates: Arc<UpdateCache>,
+    /// The override set's parts, computed once per version.
+    override_parts: Arc<PartsCache>,
     /// How often limiters should report demand (ms), from this node's
     /// --rebalance-interval (`allocation::cadence::report_interval_for`):
     /// sent in the first message of every watch.
@@ -56,6 +59,7 @@ impl CoordinatorService {
             freshness,
             streams: Arc::new(Streams::new(limits)),
             updates: Arc::new(UpdateCache::new(limits.message_bytes)),
+            override_parts: Arc::new(PartsCache::default()),
             report_interval_ms,
         })
         .max_decoding_message_size(crate::proto::MAX_REPORT_BYTES)
@@ -183,12 +187,14 @@ async fn send_update(
         rules,
         allocations: parts.next().cloned(),
         report_interval_ms,
+        overrides: None,
     };
     if first.rules.is_some() && first.allocations.is_some() && first.encoded_len() > message_bytes {
         let alone = pb::WatchUpdate {
             rules: first.rules.take(),
             allocations: None,
             report_interval_ms: std::mem::take(&mut first.report_interval_ms),
+            overrides: None,
         };
         if tx.send(Ok(alone)).await.is_err() {
             return false;
@@ -202,6 +208,7 @@ async fn send_update(
             rules: None,
             allocations: Some(part.clone()),
             report_interval_ms: 0,
+            overrides: None,
         };
         if tx.send(Ok(message)).await.is_err() {
             return false;
@@ -276,6 +283,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
             ));
         }
         let updates = Arc::clone(&self.updates);
+        let override_parts = Arc::clone(&self.override_parts);
         let message_bytes = self.updates.message_bytes;
         let report_interval_ms = self.report_interval_ms;
         tracing::info!(%region, %pod, "limiter watching rules and allocations");
@@ -293,6 +301,8 @@ impl coordinator_server::Coordinator for CoordinatorService {
             // wakes). An `Arc` of the node's own state, not a copy: every
             // stream that sent one epoch shares it.
             let mut allocations_sent: Option<Arc<Applied>> = None;
+            // The override set's version this stream last sent.
+            let mut overrides_sent: Option<u64> = None;
             loop {
                 let state = applied.borrow_and_update().clone();
                 if let Err(status) = not_cut_off(&state, &region) {
@@ -318,6 +328,26 @@ impl coordinator_server::Coordinator for CoordinatorService {
                     }
                     rules_sent = Some(key);
                     interval_sent = true;
+                }
+                // Overrides after the rules they name: on a new stream, and
+                // whenever the set's version moved.
+                let overrides = &state.registry.overrides;
+                if overrides_sent != Some(overrides.version) {
+                    let mut gone = false;
+                    for part in override_parts.get(overrides).iter() {
+                        let message = pb::WatchUpdate {
+                            overrides: Some(part.clone()),
+                            ..pb::WatchUpdate::default()
+                        };
+                        if tx.send(Ok(message)).await.is_err() {
+                            gone = true;
+                            break;
+                        }
+                    }
+                    if gone {
+                        break;
+                    }
+                    overrides_sent = Some(overrides.version);
                 }
                 if allocations_sent
                     .as_ref()

@@ -14,6 +14,7 @@ use super::global::Global;
 use super::grpc::{NativeService, RlsService};
 use super::health::Health;
 use super::http::{self, HttpState};
+use super::overrides::{HeldOverrides, cache as overrides_cache};
 use super::rule_feed;
 use super::rule_source::RuleSource;
 use super::service::Service;
@@ -380,11 +381,26 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
     {
         global.restore(cluster, &rules.current()).await;
     }
+    // The overrides kept with the rules cache, enforced until a coordinator
+    // sends the set again.
+    let overrides = Arc::new(HeldOverrides::default());
+    let overrides_cache = overrides_cache::path_for(&rules_cache);
+    if !args.coordinator.is_empty()
+        && let Some(cached) = overrides_cache::load(&overrides_cache)
+    {
+        tracing::info!(
+            version = cached.version,
+            overrides = cached.len(),
+            "enforcing cached overrides until a coordinator answers"
+        );
+        overrides.replace(cached);
+    }
     let limiter = Arc::new(Service {
         engine,
         rules: rules.clone(),
         global: global.clone(),
         stop_increment: args.stop_increment_when_over_limit,
+        overrides: overrides.clone(),
     });
 
     let grpc = TcpListener::bind(args.grpc_addr)
@@ -417,6 +433,8 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
                 global: global.clone(),
                 held: std::sync::Mutex::new(held),
                 transport: transport.clone().unwrap_or(crate::tls::Transport::Plain),
+                overrides: overrides.clone(),
+                overrides_cache: overrides_cache.clone(),
             };
             control.spawn("coordinator feed", feed.run(rules.clone(), on_change));
         }

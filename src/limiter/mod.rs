@@ -20,6 +20,7 @@ pub mod health;
 pub mod http;
 
 pub use engine::{Engine, EngineConfig};
+pub mod overrides;
 #[cfg(feature = "server")]
 pub mod rls_json;
 #[cfg(feature = "server")]

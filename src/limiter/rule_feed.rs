@@ -15,11 +15,13 @@ use serde::{Deserialize, Serialize};
 use tokio_stream::StreamExt;
 
 use super::global::Global;
+use super::overrides::HeldOverrides;
 use super::rule_source::RuleSource;
 use crate::cluster_id::ClusterId;
 use crate::proto::allocation_parts::Assembly;
 use crate::proto::meridian::v1::coordinator_client::CoordinatorClient;
 use crate::proto::meridian::v1::{RolloutStage, RuleSetUpdate, RuleSetVersion, WatchRequest};
+use crate::proto::override_parts::OverrideAssembly;
 use crate::rules::{RuleFile, RuleSet};
 
 /// What one region runs from one update: the version it enforces and the
@@ -261,6 +263,10 @@ pub struct Feed {
     pub held: std::sync::Mutex<Selection>,
     /// TLS with this region's certificate, or plaintext (`--insecure`).
     pub transport: crate::tls::Transport,
+    /// Where the override sets that arrive whole are applied.
+    pub overrides: Arc<HeldOverrides>,
+    /// The overrides cache file, rewritten on every new set.
+    pub overrides_cache: PathBuf,
 }
 
 /// A stream that lasted this long resets the reconnect backoff.
@@ -347,6 +353,7 @@ impl Feed {
         let mut admitted = false;
         // An update sent in parts is applied whole or not at all.
         let mut parts = Assembly::default();
+        let mut override_parts = OverrideAssembly::default();
         while let Some(update) = stream.next().await {
             let update = update?;
             if let Some(rules) = &update.rules {
@@ -388,6 +395,14 @@ impl Feed {
                 self.global
                     .set_coordinator_report_interval(update.report_interval_ms);
             }
+            // Like allocations, only from a cluster this limiter follows.
+            if let Some(part) = update.overrides
+                && admitted
+                && let Some(index) = override_parts.add(part)?
+            {
+                self.take_overrides(index);
+                on_change();
+            }
             // After the rules: a new global rule's window must be known.
             if let Some(part) = update.allocations
                 && admitted
@@ -398,6 +413,25 @@ impl Feed {
             }
         }
         Ok(())
+    }
+}
+
+impl Feed {
+    /// Enforces a whole override set from now on and keeps it in the cache.
+    fn take_overrides(&self, index: crate::overrides::OverrideIndex) {
+        let held = self.overrides.current();
+        if *held == index {
+            return;
+        }
+        tracing::info!(
+            version = index.version,
+            overrides = index.len(),
+            "overrides from the coordinator applied"
+        );
+        if let Err(e) = crate::limiter::overrides::cache::save(&self.overrides_cache, &index) {
+            tracing::warn!(path = %self.overrides_cache.display(), error = %e, "cannot write the overrides cache");
+        }
+        self.overrides.replace(index);
     }
 }
 

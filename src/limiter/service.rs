@@ -10,6 +10,7 @@ use metrics::{counter, gauge};
 use super::engine::{Check, Engine};
 #[cfg(feature = "server")]
 use super::global::{Counted, Global, GlobalLimit, GlobalLimits};
+use super::overrides::HeldOverrides;
 use super::rule_source::RuleSource;
 use super::verdict::{Source, Verdict};
 use crate::algorithm::{DenyReason, InvalidInput, Params};
@@ -42,6 +43,8 @@ pub struct Service {
     /// a request one descriptor denies charges none of the others. Off by
     /// default, as there.
     pub stop_increment: bool,
+    /// Per-key overrides from the coordinators (none in the library).
+    pub overrides: Arc<HeldOverrides>,
 }
 
 /// A request-level input error: which field, which value, why.
@@ -87,6 +90,7 @@ impl Service {
     /// rules are the operator's.
     pub fn report_gauges(&self) {
         self.engine.report_gauges();
+        gauge!("meridian_overrides").set(self.overrides.len() as f64);
         let rules = self.rules.current();
         for rule in rules.rules() {
             let Some(params) = rule.params.as_ref().filter(|_| !rule.unlimited) else {
@@ -113,6 +117,7 @@ impl Service {
             #[cfg(feature = "server")]
             global: Arc::new(Global::uncoordinated()),
             stop_increment: false,
+            overrides: Arc::default(),
         }
     }
 
@@ -180,7 +185,7 @@ impl Service {
         let matched: Vec<Result<Option<Matched>, InvalidInput>> = descriptors
             .iter()
             .enumerate()
-            .map(|(i, d)| match_descriptor(rules, domain, d, i))
+            .map(|(i, d)| match_descriptor(rules, &self.overrides, domain, d, i))
             .collect();
         let replaced: Vec<&str> = matched
             .iter()
@@ -310,6 +315,7 @@ impl Service {
             else {
                 return Ok(None);
             };
+            let overridden = self.overrides.params(&rule, &counter_key);
             let cost = match (c.check_only, c.cost) {
                 (true, _) => 0,
                 (false, 0) => 1,
@@ -320,7 +326,7 @@ impl Service {
                     rule: &rule,
                     counter_key: &counter_key,
                     cost,
-                    limit: None,
+                    limit: overridden.as_ref(),
                     metric_key: metric_key.as_deref(),
                 })
                 .await?;
@@ -440,7 +446,7 @@ fn would_deny(verdict: &Verdict, cost: u64) -> bool {
 struct Matched {
     rule: Arc<Rule>,
     counter_key: String,
-    /// Params built from the descriptor's `limit` override.
+    /// Params of the key's override, or built from the descriptor's `limit`.
     limit: Option<Params>,
     /// `Resolved::metric_key`: the per-value metric name, if the rule counts values.
     metric_key: Option<String>,
@@ -448,6 +454,7 @@ struct Matched {
 
 fn match_descriptor(
     rules: &RuleSet,
+    overrides: &HeldOverrides,
     domain: &str,
     d: &Descriptor,
     index: usize,
@@ -470,10 +477,15 @@ fn match_descriptor(
     let Some(rule) = resolved.rule else {
         return Ok(None);
     };
-    // A ban (`requests_per_unit: 0`) stays a ban whatever the gateway asks.
-    let limit = match d.limit.filter(|_| !rule.denies_all()) {
-        Some((requests, unit)) => Some(override_params(rule, requests, unit)?),
-        None => None,
+    // An operator's override of the key comes first: it is set for this
+    // customer, the gateway's limit for every key of a route. A ban
+    // (`requests_per_unit: 0`) stays a ban whatever the gateway asks.
+    let limit = match overrides.params(rule, &resolved.counter_key) {
+        Some(params) => Some(params),
+        None => match d.limit.filter(|_| !rule.denies_all()) {
+            Some((requests, unit)) => Some(override_params(rule, requests, unit)?),
+            None => None,
+        },
     };
     Ok(Some(Matched {
         rule: rule.clone(),

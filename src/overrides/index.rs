@@ -46,6 +46,31 @@ impl OverrideIndex {
         index
     }
 
+    /// The overrides held, as much of them as a limiter keeps (rule, key,
+    /// numbers, expiry), for its cache file.
+    pub fn to_overrides(&self) -> Vec<Override> {
+        let mut all: Vec<Override> = self
+            .by_rule
+            .iter()
+            .flat_map(|(rule, keys)| {
+                keys.iter().map(move |(key, e)| Override {
+                    domain: String::new(),
+                    entries: Vec::new(),
+                    rule: rule.clone(),
+                    key: key.clone(),
+                    limit: e.limit,
+                    burst: e.burst,
+                    expires_at_unix_ms: e.expires_at_unix_ms,
+                    reason: String::new(),
+                    set_by: String::new(),
+                    set_at_unix_ms: 0,
+                })
+            })
+            .collect();
+        all.sort_by(|a, b| (&a.rule, &a.key).cmp(&(&b.rule, &b.key)));
+        all
+    }
+
     /// Overrides held (expired ones included until the next set).
     pub fn len(&self) -> usize {
         self.len

@@ -252,4 +252,3 @@ pub(super) fn actor(api: &Api, headers: &HeaderMap, peer: &SocketAddr) -> Actor 
         operator,
     }
 }
-

@@ -22,7 +22,6 @@ use crate::coordinator::drill::{Drill, Mode, StartDrill, Stop, StopReason};
 use crate::coordinator::node::Write;
 use crate::coordinator::state::{Command, Outcome};
 
-
 /// The body of `POST /api/v1/drills`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

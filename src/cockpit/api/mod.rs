@@ -186,6 +186,10 @@ async fn healthz(State(api): State<Api>) -> Response {
 
 /// `GET /metrics`: the Prometheus text format.
 async fn prometheus(State(api): State<Api>) -> Response {
+    // Overrides held in this node's applied state, expired ones not yet
+    // dropped included (they go with the next override change).
+    let overrides = api.node.applied.borrow().registry.overrides.by_id.len();
+    metrics::gauge!("meridian_overrides").set(overrides as f64);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         api.prometheus.render(),

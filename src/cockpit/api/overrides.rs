@@ -234,7 +234,10 @@ pub(super) async fn delete_override(
     if remove.is_empty() {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
-            format!("no override for {} in domain {domain}", q.descriptor.as_deref().unwrap_or("")),
+            format!(
+                "no override for {} in domain {domain}",
+                q.descriptor.as_deref().unwrap_or("")
+            ),
         ));
     }
     let extra = json!({ "removed": remove.len() });
