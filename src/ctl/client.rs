@@ -116,7 +116,18 @@ impl Client {
 
     /// GET `path` with `query` pairs.
     pub async fn get(&self, path: &str, query: &[(&str, &str)]) -> Result<Value, CtlError> {
-        self.request(Method::GET, path, query, None).await
+        let bytes = self
+            .request(Method::GET, path, query, Payload::None)
+            .await?;
+        json_answer(path, &bytes)
+    }
+
+    /// GET `path` with `query` pairs, answered as text (e.g. CSV).
+    pub async fn get_text(&self, path: &str, query: &[(&str, &str)]) -> Result<String, CtlError> {
+        let bytes = self
+            .request(Method::GET, path, query, Payload::None)
+            .await?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
     /// A write: `method` on `path` with an optional JSON body.
@@ -126,7 +137,20 @@ impl Client {
         path: &str,
         body: Option<Value>,
     ) -> Result<Value, CtlError> {
-        self.request(method, path, &[], body).await
+        self.send_with(method, path, &[], body.map_or(Payload::None, Payload::Json))
+            .await
+    }
+
+    /// A write with `query` pairs and a body of any kind, answered as JSON.
+    pub async fn send_with(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+        body: Payload,
+    ) -> Result<Value, CtlError> {
+        let bytes = self.request(method, path, query, body).await?;
+        json_answer(path, &bytes)
     }
 
     async fn request(
@@ -134,8 +158,8 @@ impl Client {
         method: Method,
         path: &str,
         query: &[(&str, &str)],
-        body: Option<Value>,
-    ) -> Result<Value, CtlError> {
+        body: Payload,
+    ) -> Result<Vec<u8>, CtlError> {
         let mut failures = Vec::new();
         for base in &self.coordinators {
             let mut url = base.clone();
@@ -148,12 +172,18 @@ impl Client {
             if let Some(token) = &self.token {
                 request = request.bearer_auth(token);
             }
-            // Recorded beside the token's fingerprint in drill records.
+            // Recorded beside the token's fingerprint in drill and override records.
             if let Some(user) = std::env::var("USER").ok().filter(|u| !u.is_empty()) {
                 request = request.header("x-meridian-operator", user);
             }
-            if let Some(body) = &body {
-                request = request.json(body);
+            match &body {
+                Payload::None => {}
+                Payload::Json(body) => request = request.json(body),
+                Payload::Raw { bytes, content_type } => {
+                    request = request
+                        .header(reqwest::header::CONTENT_TYPE, *content_type)
+                        .body(bytes.clone());
+                }
             }
             match request.send().await {
                 Ok(response) => return answer(url, response).await,
@@ -176,21 +206,37 @@ impl Client {
     }
 }
 
-/// A response as JSON: `Ok` for a 2xx, else the refusal.
-async fn answer(url: Url, response: reqwest::Response) -> Result<Value, CtlError> {
+/// A request's body.
+pub enum Payload {
+    None,
+    Json(Value),
+    /// A file sent as is (a bulk import).
+    Raw {
+        bytes: Vec<u8>,
+        content_type: &'static str,
+    },
+}
+
+/// A 2xx answer's bytes as JSON.
+fn json_answer(path: &str, bytes: &[u8]) -> Result<Value, CtlError> {
+    serde_json::from_slice::<Value>(bytes).map_err(|e| {
+        CtlError::Answer(format!(
+            "{path}: the answer is not JSON ({e}); is this a Meridian coordinator's admin API?"
+        ))
+    })
+}
+
+/// A response's bytes for a 2xx, else the refusal.
+async fn answer(url: Url, response: reqwest::Response) -> Result<Vec<u8>, CtlError> {
     let status = response.status();
     let bytes = response
         .bytes()
         .await
         .map_err(|e| CtlError::Answer(format!("{url}: reading the answer: {}", causes(&e))))?;
-    let parsed = serde_json::from_slice::<Value>(&bytes);
     if status.is_success() {
-        return parsed.map_err(|e| {
-            CtlError::Answer(format!(
-                "{url}: the answer is not JSON ({e}); is this a Meridian coordinator's admin API?"
-            ))
-        });
+        return Ok(bytes.to_vec());
     }
+    let parsed = serde_json::from_slice::<Value>(&bytes);
     let body = parsed.unwrap_or_else(|_| {
         let text = String::from_utf8_lossy(&bytes);
         json!({ "error": text.chars().take(500).collect::<String>() })

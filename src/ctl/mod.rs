@@ -9,6 +9,7 @@
 
 mod client;
 mod drill;
+mod overrides;
 mod render;
 mod top;
 
@@ -102,6 +103,17 @@ enum CtlCommand {
     Drill {
         #[command(subcommand)]
         command: drill::DrillCommand,
+    },
+    /// Per-key overrides: one customer's limit, set at runtime, world-wide.
+    ///
+    /// An override replaces its rule's limit for one key (e.g. customer=42
+    /// of rule api|customer); it lives in the coordinators' replicated
+    /// state beside the rules (a rules rollback keeps it) and reaches every
+    /// region's limiters within a second. Import and export move thousands
+    /// at once.
+    Overrides {
+        #[command(subcommand)]
+        command: overrides::OverridesCommand,
     },
     /// A live view of allocations and rejections per region, redrawn in place.
     ///
@@ -351,6 +363,7 @@ async fn dispatch(args: CtlArgs) -> Result<(), CtlError> {
         }
         CtlCommand::Cluster { command } => cluster(&client, output, command).await,
         CtlCommand::Drill { command } => drill::run(&client, output, command).await,
+        CtlCommand::Overrides { command } => overrides::run(&client, output, command).await,
         CtlCommand::Top(t) => top::run(&client, output, t.interval, t.window, t.once).await,
         CtlCommand::Completions { .. } => Ok(()),
     }
