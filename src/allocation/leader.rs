@@ -30,6 +30,7 @@ use super::demand::{AckTracker, DemandTracker, KeyDemand, Pace};
 // Defined apart so that the ledger reads them without importing the leader.
 pub use super::global_rule::GlobalRule;
 use super::ledger::{Ledger, PeriodAdmitted};
+use super::override_scale::OverrideScale;
 use super::rebalance::{Round, is_noop, rebalance};
 use super::returns::{Returns, Schedule, lease_steps};
 use super::{
@@ -224,6 +225,8 @@ pub struct Leader {
     step_at: Option<Millis>,
     /// Regions back after stepping down to nothing (see [`Returns`]).
     returns: Returns,
+    /// Keys with an override: their reports are read in their rules' units.
+    overrides: OverrideScale,
 }
 
 impl Leader {
@@ -248,7 +251,13 @@ impl Leader {
             cadence,
             step_at: None,
             returns: Returns::default(),
+            overrides: OverrideScale::default(),
         }
+    }
+
+    /// The overridden keys, whose reports are scaled to their rules' units.
+    pub fn overrides_mut(&mut self) -> &mut OverrideScale {
+        &mut self.overrides
     }
 
     /// The configuration the leader schedules with.
@@ -313,6 +322,14 @@ impl Leader {
         regions: &[RegionDef],
         now: Millis,
     ) -> Heard {
+        let rules = &self.rules;
+        let normalized = self.overrides.normalize(report, |rule| {
+            rules
+                .iter()
+                .find(|r| r.policy.rule == rule)
+                .map(|r| r.policy.limit)
+        });
+        let report = normalized.as_ref();
         let mut heard = Heard::default();
         let lease_ms = self.config.rebalancer.lease_ms;
         let recent = self.config.rebalancer.suspect_after_ms;

@@ -24,6 +24,7 @@ pub mod demand;
 pub mod global_rule;
 pub mod leader;
 pub mod ledger;
+pub mod override_scale;
 pub mod pod;
 pub mod rebalance;
 pub mod returns;

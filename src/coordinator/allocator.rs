@@ -131,6 +131,7 @@ impl Allocator {
             );
         }
         refresh_rules(&mut guard.leader, &applied.registry);
+        refresh_overrides(&mut guard.leader, &applied.registry);
         Some(guard)
     }
 
@@ -581,6 +582,21 @@ fn region_defs(registry: &Registry) -> Vec<RegionDef> {
 
 /// Gives the leader the global rules of the enforced rule-set version when
 /// that version changed.
+/// Gives the leader the override set when its version moved.
+fn refresh_overrides(leader: &mut Leader, registry: &Registry) {
+    let overrides = &registry.overrides;
+    if leader.overrides_mut().version() == Some(overrides.version) {
+        return;
+    }
+    leader.overrides_mut().set(
+        overrides.version,
+        overrides
+            .by_id
+            .values()
+            .map(|o| (o.rule.as_str(), o.key.as_str(), o.limit)),
+    );
+}
+
 fn refresh_rules(leader: &mut Leader, registry: &Registry) {
     let number = registry.enforced().map(|v| v.number);
     if leader.rules_version() == number && number.is_some() {
