@@ -87,6 +87,24 @@ pub struct Counters<'a> {
     pub periods: &'a [u64],
 }
 
+impl Counters<'_> {
+    /// The Redis key prefix of each key's limits: `mr:{<rule>:<key>}:<j>`
+    /// for limit `j > 0`, then `mr:{<rule>:<key>}` for limit 0 (as
+    /// `check_all` names them; the approximate path's counters too). A
+    /// key's prefixes share its hash tag.
+    pub fn prefixes(&self) -> Result<Vec<String>, InvalidInput> {
+        let mut out = Vec::with_capacity(self.keys.len() * self.limits.max(1));
+        for k in self.keys {
+            let prefix = key::key_prefix(self.rule, k)?;
+            for j in 1..self.limits {
+                out.push(format!("{prefix}:{j}"));
+            }
+            out.push(prefix);
+        }
+        Ok(out)
+    }
+}
+
 /// Why a store could not decide.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

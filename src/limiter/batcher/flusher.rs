@@ -3,6 +3,7 @@
 //! answers back into the counters, and drop the hits of a call out of
 //! sends (see the module doc of `batcher`, "Flushes").
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -55,6 +56,31 @@ impl Rounds {
             retries: Vec::new(),
             next_id: rand::random(),
         }
+    }
+}
+
+impl Rounds {
+    /// A reset of the counters under `prefixes`: their deltas in calls
+    /// waiting for a retry carry no hits from now on, and their answers
+    /// update no counter. The delta stays in its call (with the same flush
+    /// id and the same first prefix, which names the id's key), so a call
+    /// that ran before is still recognised and applies nothing. Returns the
+    /// hits taken out.
+    pub(super) fn forget(&mut self, prefixes: &HashSet<&str>) -> u64 {
+        let mut dropped = 0;
+        for call in &mut self.retries {
+            for (counter, delta) in call.counters.iter_mut().zip(&mut call.deltas) {
+                if prefixes.contains(delta.prefix.as_str()) {
+                    dropped += delta.hits;
+                    delta.hits = 0;
+                    // No counter is named by an empty prefix (they all
+                    // start `mr:{`): the answer updates none, not even the
+                    // counter this key starts anew after the reset.
+                    counter.0.clear();
+                }
+            }
+        }
+        dropped
     }
 }
 

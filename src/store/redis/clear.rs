@@ -15,7 +15,7 @@ use redis::{Cmd, Script};
 
 use super::{Connection, RedisStore, slot};
 use crate::algorithm::Micros;
-use crate::store::{Counters, StoreError, key};
+use crate::store::{Counters, StoreError};
 
 /// Prefixes one script call clears at most. Each names 4 + 6 × periods keys
 /// (about 60 for a rule and the seven Envoy units), so a call deletes a few
@@ -41,7 +41,7 @@ impl RedisStore {
         counters: &Counters<'_>,
         now: Option<Micros>,
     ) -> Result<u64, StoreError> {
-        let prefixes = prefixes(counters)?;
+        let prefixes = counters.prefixes()?;
         let groups = self.slot_groups(prefixes);
         let calls: Vec<Cmd> = groups
             .iter()
@@ -106,20 +106,6 @@ impl RedisStore {
     }
 }
 
-/// Each key's prefix for each limit: `mr:{<rule>:<key>}`, then
-/// `mr:{<rule>:<key>}:<j>` for limit `j > 0` (as `check_all` names them).
-fn prefixes(counters: &Counters<'_>) -> Result<Vec<String>, StoreError> {
-    let mut out = Vec::with_capacity(counters.keys.len() * counters.limits.max(1));
-    for k in counters.keys {
-        let prefix = key::key_prefix(counters.rule, k)?;
-        for j in 1..counters.limits {
-            out.push(format!("{prefix}:{j}"));
-        }
-        out.push(prefix);
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,7 +119,7 @@ mod tests {
             limits: 3,
             periods: &[],
         };
-        let names = prefixes(&counters).unwrap();
+        let names = counters.prefixes().unwrap();
         assert_eq!(
             names,
             [
