@@ -9,7 +9,7 @@
 --          scripts read, so the windows named here are the windows they use)
 -- ARGV[2…] the periods, µs, a windowed counter of these prefixes may have
 --          been counted in (each limit's, and those of descriptor overrides)
--- Returns  how many keys existed and were deleted.
+-- Returns  {how many keys existed and were deleted}.
 --
 -- Names, not a SCAN: a SCAN walks the whole keyspace of a node (millions of
 -- keys), while every name here follows from the prefix and the clock:
@@ -65,4 +65,5 @@ for i = 1, #KEYS do
   end
 end
 flush()
-return deleted
+-- A one-element array: every script reply is read as a list of integers.
+return {deleted}
