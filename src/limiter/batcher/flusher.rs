@@ -332,3 +332,51 @@ fn drop_given_up(shared: &Shared, calls: Vec<Call>) {
         flush_plan::RETRY_WINDOW
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Algorithm, Params};
+
+    fn delta(prefix: &str, hits: u64) -> ((String, u64), Delta) {
+        let params =
+            Params::new(Algorithm::FixedWindow, 10, Duration::from_secs(60), None).unwrap();
+        let delta = Delta {
+            prefix: prefix.to_owned(),
+            window: 7,
+            hits,
+            params,
+        };
+        ((prefix.to_owned(), 7), delta)
+    }
+
+    /// A reset empties its keys' deltas in calls waiting for a retry and
+    /// unnames their counters, keeping each call's id, its first prefix
+    /// (the id's key) and the other keys' deltas as they were.
+    #[test]
+    fn a_reset_empties_its_keys_deltas_in_retries_and_keeps_the_rest() {
+        let mut rounds = Rounds::new();
+        let (counters, deltas) = [delta("mr:{r:42}", 3), delta("mr:{r:7}", 2)]
+            .into_iter()
+            .unzip();
+        rounds.retries.push(Call {
+            id: 9,
+            counters,
+            deltas,
+            attempts: None,
+        });
+        let dropped = rounds.forget(&HashSet::from(["mr:{r:42}"]));
+        assert_eq!(dropped, 3);
+        let call = &rounds.retries[0];
+        assert_eq!(call.id, 9);
+        assert_eq!(
+            call.deltas
+                .iter()
+                .map(|d| (d.prefix.as_str(), d.hits))
+                .collect::<Vec<_>>(),
+            [("mr:{r:42}", 0), ("mr:{r:7}", 2)]
+        );
+        assert_eq!(call.counters[0], (String::new(), 7));
+        assert_eq!(call.counters[1], ("mr:{r:7}".to_owned(), 7));
+    }
+}
