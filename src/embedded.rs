@@ -46,6 +46,7 @@
 use std::sync::Arc;
 
 use crate::algorithm::InvalidInput;
+use crate::limiter::reset::{ResetError, ResetOutcome};
 use crate::limiter::service::{self, Descriptor, NativeCheck};
 use crate::limiter::{Engine, EngineConfig, RuleSource, Verdict};
 use crate::rules::{RuleErrors, RuleFile, RuleSet};
@@ -146,6 +147,25 @@ impl Limiter {
         self.inner.rules.replace(parse(yamls.iter().copied())?);
         self.inner.engine.rules_changed();
         Ok(())
+    }
+
+    /// Clears every counter the descriptor (domain + (key, value) entries)
+    /// has under the rule it matches (with `rule`, a rule of that name,
+    /// which the descriptor must match): each limit, each split
+    /// sub-counter, in the store and in this process (unflushed hits,
+    /// cached denials). Its next check starts from nothing. What was
+    /// cleared, one entry per matched rule (none when no rule matches).
+    pub async fn reset(
+        &self,
+        domain: &str,
+        descriptor: &[(&str, &str)],
+        rule: Option<&str>,
+    ) -> Result<ResetOutcome, ResetError> {
+        let entries: Vec<(String, String)> = descriptor
+            .iter()
+            .map(|&(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        self.inner.reset(domain, &entries, rule).await
     }
 
     /// Sends the approximate path's unflushed hits to Redis now.

@@ -69,4 +69,5 @@ mod tls;
 mod traces;
 
 pub use embedded::{BuildError, Builder, Limiter};
+pub use limiter::reset::{Cleared, ResetError, ResetOutcome, ResetRule};
 pub use limiter::{EngineConfig, Source, Verdict};

@@ -63,6 +63,26 @@ impl OverLimitCache {
         shard.insert(key.to_owned(), until);
     }
 
+    /// Forgets the denials of one counter (a reset): the entry named `base`
+    /// and every entry `base` + NUL + something (the same counter denied
+    /// under another limit; see `engine::cache_key`). Entries of any shard,
+    /// as the suffix changes the hash: a walk of the whole cache, for an
+    /// operator's command, not a check. Returns how many went.
+    pub fn forget(&self, base: &str) -> usize {
+        let of_base = |k: &str| {
+            k.strip_prefix(base)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('\u{0}'))
+        };
+        let mut forgotten = 0;
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            let before = shard.len();
+            shard.retain(|k, _| !of_base(k));
+            forgotten += before - shard.len();
+        }
+        forgotten
+    }
+
     /// Forgets every entry (rules changed: cached denials may no longer hold).
     pub fn clear(&self) {
         for shard in self.shards.iter() {
@@ -99,5 +119,20 @@ mod tests {
         let after = later + Duration::from_secs(1);
         cache.deny_until("fresh", after + Duration::from_secs(1), after);
         assert!(cache.denied_until("fresh", after).is_some());
+    }
+
+    #[test]
+    fn forgetting_a_counter_drops_its_denials_under_every_limit_only() {
+        let cache = OverLimitCache::new(100);
+        let now = Instant::now();
+        let later = now + Duration::from_secs(60);
+        for key in ["r\0k", "r\0k\u{0}5/5/60", "r\0k2", "r\0other"] {
+            cache.deny_until(key, later, now);
+        }
+        assert_eq!(cache.forget("r\0k"), 2);
+        assert_eq!(cache.denied_until("r\0k", now), None);
+        assert_eq!(cache.denied_until("r\0k\u{0}5/5/60", now), None);
+        assert_eq!(cache.denied_until("r\0k2", now), Some(later));
+        assert_eq!(cache.denied_until("r\0other", now), Some(later));
     }
 }

@@ -18,6 +18,7 @@ use super::batcher::{self, Batcher, Batching};
 use super::breaker::Breaker;
 use super::cache::OverLimitCache;
 use super::check_metrics::CheckMetrics;
+use super::reset::{self, Cleared};
 use super::split::SubCounters;
 use super::verdict::{Source, Verdict, cached_denial, fail_decision, shadow, tightest, unlimited};
 use crate::algorithm::{Decision, DenyReason, InvalidInput, Params};
@@ -26,7 +27,7 @@ use crate::rules::Accuracy;
 use crate::rules::{FailMode, Rule};
 #[cfg(feature = "redis")]
 use crate::store::RedisStore;
-use crate::store::{AnyStore, Limit, MemoryStore, Store, StoreError};
+use crate::store::{AnyStore, Counters, Limit, MemoryStore, Store, StoreError, key};
 
 /// Engine settings; defaults in [`EngineConfig::default`].
 #[derive(Debug, Clone)]
@@ -363,6 +364,43 @@ impl Engine {
     fn batcher(&self, redis: &RedisStore) -> &Batcher {
         self.batcher
             .get_or_init(|| Batcher::start(redis.clone(), self.approximate_max_keys))
+    }
+
+    /// Clears every counter `counter_key` has under `rule` (an operator's
+    /// reset): in the store, each limit's and each split sub-counter's state
+    /// whatever the algorithm; this pod's approximate-path view of them
+    /// with its unflushed hits (under the flusher's lock, so none is added
+    /// back after the delete); the `fail_mode: local` store's; then the
+    /// cached denials, last, so that a check that read the old count while
+    /// the reset ran cannot leave one behind. Not behind the breaker: an
+    /// operator's command fails on its own deadline and counts no failure.
+    pub async fn reset(&self, rule: &Rule, counter_key: &str) -> Result<Cleared, StoreError> {
+        key::check(&rule.id, counter_key)?;
+        let keys = reset::counter_keys(rule, counter_key);
+        let periods = reset::periods(rule);
+        let counters = Counters {
+            rule: &rule.id,
+            keys: &keys,
+            limits: rule.also.len() + 1,
+            periods: &periods,
+        };
+        let clear = self.store.clear(&counters, None);
+        #[cfg(feature = "redis")]
+        let (pending_hits, store_keys) = match self.batcher.get() {
+            Some(batcher) => batcher.reset(&counters.prefixes()?, clear).await,
+            None => (0, clear.await),
+        };
+        #[cfg(not(feature = "redis"))]
+        let (pending_hits, store_keys) = (0, clear.await);
+        let local_keys = self
+            .local
+            .clear_at(&counters, crate::clock::now_unix_us())?;
+        Ok(Cleared {
+            store_keys: store_keys?,
+            local_keys,
+            pending_hits,
+            cached_denials: self.cache.forget(&cache_key(rule, counter_key, None)),
+        })
     }
 
     /// Sends the approximate path's pending deltas now (tests, benchmarks, shutdown).

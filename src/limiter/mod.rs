@@ -21,6 +21,7 @@ pub mod http;
 
 pub use engine::{Engine, EngineConfig};
 pub mod overrides;
+pub mod reset;
 #[cfg(feature = "server")]
 pub mod rls_json;
 #[cfg(feature = "server")]

@@ -10,8 +10,8 @@ use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 use metrics::counter;
 
-use super::{Limit, Store, StoreError, key};
-use crate::algorithm::{Decision, DenyReason, InvalidInput, KeyState, Micros, precheck};
+use super::{Counters, Limit, Store, StoreError, key};
+use crate::algorithm::{Algorithm, Decision, DenyReason, InvalidInput, KeyState, Micros, precheck};
 
 const SHARDS: usize = 64;
 
@@ -254,6 +254,35 @@ impl MemoryStore {
         Ok(decided.into_iter().map(|(_, o)| o.decision).collect())
     }
 
+    /// [`Store::clear`] at time `now`, synchronously: drops the entry of
+    /// every algorithm under each key and limit (the state key names the
+    /// algorithm, not the window, so no period is needed). Counts the
+    /// entries that still held live state.
+    pub fn clear_at(&self, counters: &Counters<'_>, now: Micros) -> Result<u64, InvalidInput> {
+        let mut cleared = 0;
+        let mut state_key = String::new();
+        for key in counters.keys {
+            for j in 0..counters.limits.max(1) {
+                for algorithm in Algorithm::ALL {
+                    state_key.clear();
+                    key::write_state_key(&mut state_key, counters.rule, key, algorithm)?;
+                    if j > 0 {
+                        // As `check_all_at` names limit j.
+                        state_key.push_str(&format!("#{j}"));
+                    }
+                    let hash = self.hasher.hash_one(&state_key);
+                    let shard = &self.shards[hash as usize % SHARDS];
+                    let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Ok(entry) = shard.entries.find_entry(hash, |e| *e.key == *state_key) {
+                        let (removed, _) = entry.remove();
+                        cleared += u64::from(removed.expires_at > now);
+                    }
+                }
+            }
+        }
+        Ok(cleared)
+    }
+
     /// Keys currently held, expired or not (for tests and metrics).
     pub fn len(&self) -> usize {
         self.shards
@@ -312,6 +341,10 @@ impl Store for MemoryStore {
         now: Option<Micros>,
     ) -> Result<Decision, StoreError> {
         Ok(self.peek_at(limit, key, now.unwrap_or_else(crate::clock::now_unix_us))?)
+    }
+
+    async fn clear(&self, counters: &Counters<'_>, now: Option<Micros>) -> Result<u64, StoreError> {
+        Ok(self.clear_at(counters, now.unwrap_or_else(crate::clock::now_unix_us))?)
     }
 }
 

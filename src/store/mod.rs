@@ -54,6 +54,55 @@ pub trait Store: Send + Sync {
         key: &str,
         now: Option<Micros>,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+
+    /// Deletes every counter `counters` names, whatever algorithm wrote it
+    /// (an operator's reset): afterwards each key starts from nothing.
+    /// Returns how many stored keys (Redis keys, or the embedded store's
+    /// entries) held state and were deleted. `now` as for `check`: it picks
+    /// the windows a windowed counter is named by.
+    fn clear(
+        &self,
+        counters: &Counters<'_>,
+        now: Option<Micros>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// What [`Store::clear`] deletes: every counter of some keys under one rule,
+/// for each of the rule's limits, in any algorithm's layout.
+#[derive(Debug, Clone, Copy)]
+pub struct Counters<'a> {
+    /// The rule's id, the first part of every key (`Limit::rule`).
+    pub rule: &'a str,
+    /// The counter keys: a descriptor's, and for a split rule each of its
+    /// sub-counters' (`limiter::split`), which hash to other Cluster slots.
+    pub keys: &'a [String],
+    /// How many limits the rule has: limit 0 keeps its state under the key's
+    /// prefix, limit `j > 0` of a `limits:` rule under `<prefix>:<j>` (the
+    /// embedded store: `#<j>`), as `check_all` does.
+    pub limits: usize,
+    /// Periods (µs) a fixed window or sliding counter of these keys may
+    /// have counted in: a window's counter is named by its index in its
+    /// period, so the Redis store names the windows of each (the embedded
+    /// store keeps one entry a key and ignores them).
+    pub periods: &'a [u64],
+}
+
+impl Counters<'_> {
+    /// The Redis key prefix of each key's limits: `mr:{<rule>:<key>}:<j>`
+    /// for limit `j > 0`, then `mr:{<rule>:<key>}` for limit 0 (as
+    /// `check_all` names them; the approximate path's counters too). A
+    /// key's prefixes share its hash tag.
+    pub fn prefixes(&self) -> Result<Vec<String>, InvalidInput> {
+        let mut out = Vec::with_capacity(self.keys.len() * self.limits.max(1));
+        for k in self.keys {
+            let prefix = key::key_prefix(self.rule, k)?;
+            for j in 1..self.limits {
+                out.push(format!("{prefix}:{j}"));
+            }
+            out.push(prefix);
+        }
+        Ok(out)
+    }
 }
 
 /// Why a store could not decide.
@@ -159,6 +208,14 @@ impl Store for AnyStore {
             AnyStore::Memory(s) => s.peek(limit, key, now).await,
             #[cfg(feature = "redis")]
             AnyStore::Redis(s) => s.peek(limit, key, now).await,
+        }
+    }
+
+    async fn clear(&self, counters: &Counters<'_>, now: Option<Micros>) -> Result<u64, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.clear(counters, now).await,
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(s) => s.clear(counters, now).await,
         }
     }
 }

@@ -55,6 +55,7 @@ mod redis_sentinel;
 mod redis_store;
 mod report_bounds;
 mod report_interval;
+mod reset;
 mod rules_cli;
 mod rules_diff_load;
 mod tracing_otlp;

@@ -3,6 +3,7 @@
 //! answers back into the counters, and drop the hits of a call out of
 //! sends (see the module doc of `batcher`, "Flushes").
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -55,6 +56,31 @@ impl Rounds {
             retries: Vec::new(),
             next_id: rand::random(),
         }
+    }
+}
+
+impl Rounds {
+    /// A reset of the counters under `prefixes`: their deltas in calls
+    /// waiting for a retry carry no hits from now on, and their answers
+    /// update no counter. The delta stays in its call (with the same flush
+    /// id and the same first prefix, which names the id's key), so a call
+    /// that ran before is still recognised and applies nothing. Returns the
+    /// hits taken out.
+    pub(super) fn forget(&mut self, prefixes: &HashSet<&str>) -> u64 {
+        let mut dropped = 0;
+        for call in &mut self.retries {
+            for (counter, delta) in call.counters.iter_mut().zip(&mut call.deltas) {
+                if prefixes.contains(delta.prefix.as_str()) {
+                    dropped += delta.hits;
+                    delta.hits = 0;
+                    // No counter is named by an empty prefix (they all
+                    // start `mr:{`): the answer updates none, not even the
+                    // counter this key starts anew after the reset.
+                    counter.0.clear();
+                }
+            }
+        }
+        dropped
     }
 }
 
@@ -305,4 +331,52 @@ fn drop_given_up(shared: &Shared, calls: Vec<Call>) {
         "approximate flush: Redis failed every send of these calls for {:?}; their hits are dropped (sending them under a new id could count them twice)",
         flush_plan::RETRY_WINDOW
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Algorithm, Params};
+
+    fn delta(prefix: &str, hits: u64) -> ((String, u64), Delta) {
+        let params =
+            Params::new(Algorithm::FixedWindow, 10, Duration::from_secs(60), None).unwrap();
+        let delta = Delta {
+            prefix: prefix.to_owned(),
+            window: 7,
+            hits,
+            params,
+        };
+        ((prefix.to_owned(), 7), delta)
+    }
+
+    /// A reset empties its keys' deltas in calls waiting for a retry and
+    /// unnames their counters, keeping each call's id, its first prefix
+    /// (the id's key) and the other keys' deltas as they were.
+    #[test]
+    fn a_reset_empties_its_keys_deltas_in_retries_and_keeps_the_rest() {
+        let mut rounds = Rounds::new();
+        let (counters, deltas) = [delta("mr:{r:42}", 3), delta("mr:{r:7}", 2)]
+            .into_iter()
+            .unzip();
+        rounds.retries.push(Call {
+            id: 9,
+            counters,
+            deltas,
+            attempts: None,
+        });
+        let dropped = rounds.forget(&HashSet::from(["mr:{r:42}"]));
+        assert_eq!(dropped, 3);
+        let call = &rounds.retries[0];
+        assert_eq!(call.id, 9);
+        assert_eq!(
+            call.deltas
+                .iter()
+                .map(|d| (d.prefix.as_str(), d.hits))
+                .collect::<Vec<_>>(),
+            [("mr:{r:42}", 0), ("mr:{r:7}", 2)]
+        );
+        assert_eq!(call.counters[0], (String::new(), 7));
+        assert_eq!(call.counters[1], ("mr:{r:7}".to_owned(), 7));
+    }
 }

@@ -77,7 +77,7 @@
 mod counter;
 mod flusher;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -392,6 +392,47 @@ impl Batcher {
             self.shared.wake.notify_one();
         }
         Step::Decided(decisions)
+    }
+
+    /// Forgets this pod's view of the counters under `prefixes` (a reset)
+    /// and runs `clear` (the store's delete) while no flush is out: a round
+    /// on the wire is waited for, and none starts until `clear` is done. So
+    /// no flush adds the old hits back after the delete, and hits admitted
+    /// after the forgetting reach Redis after it. Their pending hits are
+    /// dropped, and their deltas in calls waiting for a retry are emptied.
+    /// Returns the hits dropped and `clear`'s output.
+    ///
+    /// Walks the whole counter map once under its lock (at most `max_keys`
+    /// entries, a few milliseconds): a counter is keyed by its window too,
+    /// which the reset does not know. An operator's command, not a check.
+    pub async fn reset<T>(&self, prefixes: &[String], clear: impl Future<Output = T>) -> (u64, T) {
+        let mut rounds = self.shared.flushing.lock().await;
+        let prefixes: HashSet<&str> = prefixes.iter().map(String::as_str).collect();
+        let mut dropped = rounds.forget(&prefixes);
+        {
+            let mut guard = self
+                .shared
+                .counters
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let Tracked { map, dirty, .. } = &mut *guard;
+            map.retain(|(prefix, _), c| {
+                let forget = prefixes.contains(prefix.as_str());
+                if forget {
+                    // Hits in flight were counted with the retries above
+                    // (no round is out).
+                    dropped += c.pending;
+                }
+                !forget
+            });
+            // A key charged again gets a new counter that lists itself anew;
+            // listed twice, a round would send its hits and then a zero
+            // delta over them.
+            dirty.retain(|(prefix, _)| !prefixes.contains(prefix.as_str()));
+        }
+        let cleared = clear.await;
+        drop(rounds);
+        (dropped, cleared)
     }
 
     /// Sends every pending delta (and every call waiting for a retry) now,

@@ -65,6 +65,7 @@ impl RedisStore {
             scripts: self.scripts.clone(),
             flush: self.flush.clone(),
             multi: self.multi.clone(),
+            clear: self.clear.clone(),
             deadline: self.deadline,
             coalescer: None,
             lanes: None,

@@ -21,6 +21,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, RedisError, Script};
 use tokio::sync::oneshot;
 
+mod clear;
 mod coalesce;
 mod flush;
 mod lanes;
@@ -33,7 +34,7 @@ pub use saved_table::StoredTable;
 #[cfg(feature = "server")]
 pub(crate) use lanes::bind_thread;
 
-use super::{Limit, Store, StoreError, key};
+use super::{Counters, Limit, Store, StoreError, key};
 use crate::algorithm::{Algorithm, Decision, DenyReason, Micros, precheck};
 
 /// The Lua source of each algorithm, prelude and epilogue included (see
@@ -139,6 +140,9 @@ pub struct RedisStore {
     flush: Script,
     /// Several limits of one descriptor in one call (`scripts/multi.lua`).
     multi: Script,
+    /// An operator's reset of counters (`scripts/clear.lua`): rare, so not
+    /// preloaded; its first call loads it on NOSCRIPT.
+    clear: Script,
     deadline: Duration,
     /// Where checks queue to share script calls; `None` in the coalescing
     /// task's own copy, which sends them.
@@ -190,6 +194,7 @@ impl RedisStore {
             scripts: Algorithm::ALL.map(|a| Script::new(script_source(a))),
             flush: flush::flush_script(),
             multi: Script::new(multi_source()),
+            clear: clear::clear_script(),
             deadline: config.deadline,
             coalescer: None,
             lanes: (config.lanes > 0).then(|| Arc::new(lanes::Lanes::new(config))),
@@ -278,6 +283,10 @@ impl Store for RedisStore {
         now: Option<Micros>,
     ) -> Result<Decision, StoreError> {
         self.run_script(limit, key, 0, now).await
+    }
+
+    async fn clear(&self, counters: &Counters<'_>, now: Option<Micros>) -> Result<u64, StoreError> {
+        self.clear_counters(counters, now).await
     }
 }
 
