@@ -215,6 +215,7 @@ fn the_index_finds_a_key_in_force_with_the_rules_algorithm_and_period() {
     assert_eq!((params.limit(), params.burst()), (20, 100));
 }
 
+#[cfg(feature = "server")]
 #[test]
 fn bulk_rows_read_from_csv_and_json_and_an_export_reads_back() {
     let csv = "domain,descriptor,limit,ttl,reason\n\
