@@ -23,6 +23,7 @@ use super::drill::observe::{HitCounts, WindowCounts};
 use super::hits::{Hits, ReportedHits};
 use super::node::{Node, Write};
 use super::raft::storage::Applied;
+use super::resets::RegionAnswer;
 use super::state::{Command, RegionState, Registry};
 use crate::allocation::demand::PodEpoch;
 use crate::allocation::global_rule::GlobalRule;
@@ -200,6 +201,7 @@ impl Allocator {
             }
             self.record_windows(&accepted);
             self.count_hits(&report);
+            self.answer_resets(&report);
             if let Some((id, Mode::Fail)) = drill {
                 // Treated as dead: the report moves nothing (no demand, no
                 // acknowledgement, no lease renewal); its hits and window use
@@ -247,6 +249,43 @@ impl Allocator {
         let mut client = client;
         counter!("meridian_coordinator_reports_forwarded_total").increment(1);
         Ok(client.report(request).await?.into_inner().epoch)
+    }
+
+    /// Commits the first answer of the report's region to each reset still
+    /// pending for it (every pod repeats its answers until then).
+    fn answer_resets(&self, report: &pb::DemandReport) {
+        if report.resets_applied.is_empty() {
+            return;
+        }
+        let applied = self.node.applied.borrow().clone();
+        let now = now_unix_ms();
+        for a in &report.resets_applied {
+            let pending = applied
+                .registry
+                .resets
+                .by_id
+                .get(&a.id)
+                .is_some_and(|o| o.pending_for(&report.region, now));
+            if !pending {
+                continue;
+            }
+            let command = Command::ResetAnswered {
+                id: a.id,
+                region: report.region.clone(),
+                answer: RegionAnswer {
+                    at_unix_ms: a.at_unix_ms,
+                    pod: report.pod.clone(),
+                    ok: a.ok,
+                    detail: a.detail.clone(),
+                },
+            };
+            let node = Arc::clone(&self.node);
+            tokio::spawn(async move {
+                if let Err(e) = node.raft.client_write(command).await {
+                    tracing::warn!(error = %e, "a reset's answer was not committed; the next report repeats it");
+                }
+            });
+        }
     }
 
     fn ingest(&self, report: &PodReport) {

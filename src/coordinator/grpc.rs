@@ -187,14 +187,14 @@ async fn send_update(
         rules,
         allocations: parts.next().cloned(),
         report_interval_ms,
-        overrides: None,
+        ..pb::WatchUpdate::default()
     };
     if first.rules.is_some() && first.allocations.is_some() && first.encoded_len() > message_bytes {
         let alone = pb::WatchUpdate {
             rules: first.rules.take(),
             allocations: None,
             report_interval_ms: std::mem::take(&mut first.report_interval_ms),
-            overrides: None,
+            ..pb::WatchUpdate::default()
         };
         if tx.send(Ok(alone)).await.is_err() {
             return false;
@@ -208,13 +208,30 @@ async fn send_update(
             rules: None,
             allocations: Some(part.clone()),
             report_interval_ms: 0,
-            overrides: None,
+            ..pb::WatchUpdate::default()
         };
         if tx.send(Ok(message)).await.is_err() {
             return false;
         }
     }
     true
+}
+
+/// A reset order as the watch stream carries it.
+fn reset_order(o: &crate::coordinator::resets::ResetOrder) -> pb::ResetOrder {
+    pb::ResetOrder {
+        id: o.id,
+        domain: o.domain.clone(),
+        entries: o
+            .entries
+            .iter()
+            .map(|(key, value)| pb::ResetEntry {
+                key: key.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+        rule: o.rule.clone().unwrap_or_default(),
+    }
 }
 
 type UpdateStream = Pin<Box<dyn Stream<Item = Result<pb::RuleSetUpdate, Status>> + Send>>;
@@ -303,6 +320,8 @@ impl coordinator_server::Coordinator for CoordinatorService {
             let mut allocations_sent: Option<Arc<Applied>> = None;
             // The override set's version this stream last sent.
             let mut overrides_sent: Option<u64> = None;
+            // The ids of the resets this stream last said were pending.
+            let mut resets_sent: Option<Vec<u64>> = None;
             loop {
                 let state = applied.borrow_and_update().clone();
                 if let Err(status) = not_cut_off(&state, &region) {
@@ -348,6 +367,23 @@ impl coordinator_server::Coordinator for CoordinatorService {
                         break;
                     }
                     overrides_sent = Some(overrides.version);
+                }
+                // The resets this region has to apply, whenever the list moved.
+                let pending = state
+                    .registry
+                    .resets
+                    .pending_for(&region, crate::clock::now_unix_ms());
+                let ids: Vec<u64> = pending.iter().map(|o| o.id).collect();
+                if resets_sent.as_ref() != Some(&ids) {
+                    let message = pb::WatchUpdate {
+                        resets: pending.iter().map(|o| reset_order(o)).collect(),
+                        resets_sent: true,
+                        ..pb::WatchUpdate::default()
+                    };
+                    if tx.send(Ok(message)).await.is_err() {
+                        break;
+                    }
+                    resets_sent = Some(ids);
                 }
                 if allocations_sent
                     .as_ref()

@@ -23,6 +23,7 @@ pub mod ledger;
 pub mod node;
 pub mod raft;
 pub mod report_bounds;
+pub mod resets;
 pub mod state;
 pub mod validation;
 

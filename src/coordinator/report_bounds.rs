@@ -55,6 +55,9 @@ fn name(field: &str, text: &str, max: usize) -> Result<String, Status> {
     Ok(text.to_string())
 }
 
+/// Longest answer to a reset (what was cleared, or why not), in bytes.
+pub const MAX_RESET_DETAIL: usize = 512;
+
 /// Checks `report` against every bound and converts it.
 pub fn accept(report: &pb::DemandReport) -> Result<PodReport, Status> {
     if !valid_region_name(&report.region) {
@@ -84,6 +87,7 @@ pub fn accept(report: &pb::DemandReport) -> Result<PodReport, Status> {
         ("used", report.used.len()),
         ("top_ups", report.top_ups.len()),
         ("admitted", report.admitted.len()),
+        ("resets_applied", report.resets_applied.len()),
     ] {
         let max = match field {
             "top_ups" => MAX_REPORT_TOP_UPS,
@@ -91,11 +95,16 @@ pub fn accept(report: &pb::DemandReport) -> Result<PodReport, Status> {
             "admitted" => 2 * (MAX_ADMITTED_KEYS + 1) * MAX_REPORT_RULES,
             // The current window of each counted rule and the one just ended.
             "used" => 2 * MAX_REPORT_RULES,
+            // Every order a region can have pending.
+            "resets_applied" => crate::coordinator::resets::MAX_RESETS,
             _ => MAX_REPORT_RULES,
         };
         if n > max {
             return Err(refuse(field, format!("{n} entries, at most {max}")));
         }
+    }
+    for r in &report.resets_applied {
+        name("resets_applied.detail", &r.detail, MAX_RESET_DETAIL)?;
     }
     let mut rules = Vec::with_capacity(report.rules.len());
     for rd in &report.rules {

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::drill::{Drills, Event as DrillEvent, StartDrill, Stop};
+use super::resets::{RegionAnswer, Resets, StartReset};
 use crate::allocation::global_rule::GlobalRule;
 use crate::allocation::{Allocations, EpochDelta};
 use crate::cluster_id::ClusterId;
@@ -156,6 +157,14 @@ pub enum Command {
     /// Sets and removes per-key overrides, all or nothing (storage format
     /// 4, appended after the drill commands).
     SetOverrides(OverrideChange),
+    /// Starts a counter reset in every registered region (format 4).
+    StartReset(StartReset),
+    /// A region's answer to reset `id` (format 4).
+    ResetAnswered {
+        id: u64,
+        region: String,
+        answer: RegionAnswer,
+    },
 }
 
 impl Command {
@@ -167,6 +176,11 @@ impl Command {
             Command::StopDrill { id, .. } | Command::DrillObserved { id, .. } => Some(Some(*id)),
             _ => None,
         }
+    }
+
+    /// Whether the command touches the resets.
+    pub fn is_reset(&self) -> bool {
+        matches!(self, Command::StartReset(_) | Command::ResetAnswered { .. })
     }
 }
 
@@ -211,6 +225,8 @@ pub struct Registry {
     /// is cloned for every apply batch and published to readers, and only
     /// an override change copies the set.
     pub overrides: Arc<Overrides>,
+    /// Counter resets and each region's answer (from format 4; last).
+    pub resets: Resets,
 }
 
 fn rejected(reason: impl Into<String>) -> Outcome {
@@ -469,6 +485,16 @@ impl Registry {
                     }
                     Err(OverrideRefused::NotFound(reason)) => Outcome::NotFound { reason },
                     Err(OverrideRefused::Rejected(reason)) => rejected(reason),
+                }
+            }
+            Command::StartReset(start) => match self.resets.start(start) {
+                Ok(id) => Outcome::Applied { version: Some(id) },
+                Err(reason) => rejected(reason),
+            },
+            Command::ResetAnswered { id, region, answer } => {
+                match self.resets.answered(id, &region, answer) {
+                    Ok(()) => Outcome::Applied { version: Some(id) },
+                    Err(reason) => Outcome::NotFound { reason },
                 }
             }
             Command::DeleteRegion { name } => {

@@ -11,6 +11,7 @@ mod client;
 mod drill;
 mod overrides;
 mod render;
+mod reset;
 mod top;
 
 use std::collections::BTreeMap;
@@ -115,6 +116,17 @@ enum CtlCommand {
         #[command(subcommand)]
         command: overrides::OverridesCommand,
     },
+    /// Clear one key's counters in every region's store, then wait for each
+    /// region's answer.
+    ///
+    /// Every algorithm's counters of the key are cleared (split
+    /// sub-counters and the approximate path's pending hits included), in
+    /// every registered region; each region answers whether it was done. A
+    /// region cut off applies it when it reconnects, for 10 minutes. Who
+    /// asked is recorded with the reset.
+    Reset(reset::ResetArgs),
+    /// Show a reset and every region's answer.
+    ResetStatus { id: u64 },
     /// A live view of allocations and rejections per region, redrawn in place.
     ///
     /// Reads the leader (consistent reads), which counts the hits the
@@ -364,6 +376,8 @@ async fn dispatch(args: CtlArgs) -> Result<(), CtlError> {
         CtlCommand::Cluster { command } => cluster(&client, output, command).await,
         CtlCommand::Drill { command } => drill::run(&client, output, command).await,
         CtlCommand::Overrides { command } => overrides::run(&client, output, command).await,
+        CtlCommand::Reset(args) => reset::run(&client, output, args).await,
+        CtlCommand::ResetStatus { id } => reset::status(&client, output, id).await,
         CtlCommand::Top(t) => top::run(&client, output, t.interval, t.window, t.once).await,
         CtlCommand::Completions { .. } => Ok(()),
     }

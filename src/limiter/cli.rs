@@ -15,6 +15,7 @@ use super::grpc::{NativeService, RlsService};
 use super::health::Health;
 use super::http::{self, HttpState};
 use super::overrides::{HeldOverrides, cache as overrides_cache};
+use super::reset_feed::ResetFeed;
 use super::rule_feed;
 use super::rule_source::RuleSource;
 use super::service::Service;
@@ -419,8 +420,8 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
         control.spawn("TLS reload", Arc::clone(tls).watch());
     }
     {
-        let limiter = limiter.clone();
-        let on_change = move || limiter.engine.rules_changed();
+        let service = limiter.clone();
+        let on_change = move || service.engine.rules_changed();
         if args.coordinator.is_empty() {
             let watch = rules.clone().watch(args.reload_interval, on_change);
             control.spawn("rule file watch", watch);
@@ -435,6 +436,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
                 transport: transport.clone().unwrap_or(crate::tls::Transport::Plain),
                 overrides: overrides.clone(),
                 overrides_cache: overrides_cache.clone(),
+                resets: Arc::new(ResetFeed::new(limiter.clone(), global.clone())),
             };
             control.spawn("coordinator feed", feed.run(rules.clone(), on_change));
         }

@@ -23,6 +23,8 @@ pub use engine::{Engine, EngineConfig};
 pub mod overrides;
 pub mod reset;
 #[cfg(feature = "server")]
+pub mod reset_feed;
+#[cfg(feature = "server")]
 pub mod rls_json;
 #[cfg(feature = "server")]
 pub mod rule_feed;

@@ -16,6 +16,7 @@ use tokio_stream::StreamExt;
 
 use super::global::Global;
 use super::overrides::HeldOverrides;
+use super::reset_feed::ResetFeed;
 use super::rule_source::RuleSource;
 use crate::cluster_id::ClusterId;
 use crate::proto::allocation_parts::Assembly;
@@ -267,6 +268,8 @@ pub struct Feed {
     pub overrides: Arc<HeldOverrides>,
     /// The overrides cache file, rewritten on every new set.
     pub overrides_cache: PathBuf,
+    /// Where counter resets pending for the region are applied.
+    pub resets: Arc<ResetFeed>,
 }
 
 /// A stream that lasted this long resets the reconnect backoff.
@@ -402,6 +405,9 @@ impl Feed {
             {
                 self.take_overrides(index);
                 on_change();
+            }
+            if update.resets_sent && admitted {
+                self.resets.pending(update.resets);
             }
             // After the rules: a new global rule's window must be known.
             if let Some(part) = update.allocations

@@ -226,6 +226,7 @@ fn to_pb(r: &PodReport) -> pb::DemandReport {
                 admitted: a.admitted,
             })
             .collect(),
+        resets_applied: Vec::new(),
     }
 }
 

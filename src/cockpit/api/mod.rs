@@ -6,7 +6,7 @@
 //! node's applied state unless `?consistent=true` (`read.rs`).
 //!
 //! One file per resource: `rules.rs` (its diffs computed and kept by
-//! `rule_diffs.rs`), `regions.rs`, `overrides.rs`, `allocations.rs`,
+//! `rule_diffs.rs`), `regions.rs`, `overrides.rs`, `resets.rs`, `allocations.rs`,
 //! `history.rs`, `ledger.rs`, `cluster.rs`, `events.rs`; the dashboard's page is
 //! `dashboard.rs`; the route table below names every endpoint.
 
@@ -24,6 +24,7 @@ mod overrides;
 mod read;
 mod ready;
 mod regions;
+mod resets;
 mod rule_diffs;
 mod rules;
 mod write;
@@ -109,6 +110,11 @@ pub fn router(api: Api) -> Router {
             "/api/v1/overrides/import",
             post(overrides::import_overrides),
         )
+        .route(
+            "/api/v1/resets",
+            get(resets::list_resets).post(resets::start_reset),
+        )
+        .route("/api/v1/resets/{id}", get(resets::get_reset))
         .route("/api/v1/allocations", get(allocations::get_allocations))
         .route("/api/v1/leases", get(allocations::get_leases))
         .route("/api/v1/history", get(history::get_history))

@@ -118,6 +118,10 @@ pub struct Global {
     /// The id of the cluster the coordinator stream follows ("": none), kept
     /// with the table. `std` mutex: cloned out, never held across an await.
     cluster: Mutex<String>,
+    /// This pod's answers to counter resets, repeated in every report while
+    /// the order is pending for the region (a dropped report loses none);
+    /// bounded by the orders pending, which the coordinators bound.
+    resets_applied: Mutex<std::collections::BTreeMap<u64, pb::ResetApplied>>,
 }
 
 impl Global {
@@ -137,6 +141,7 @@ impl Global {
             saved_epoch: AtomicU64::new(0),
             origin: AtomicU8::new(Origin::None as u8),
             cluster: Mutex::new(String::new()),
+            resets_applied: Mutex::default(),
         }
     }
 
@@ -157,6 +162,34 @@ impl Global {
     /// A limiter that takes no allocations (rules from files, the library).
     pub fn uncoordinated() -> Global {
         Global::new("", "", false)
+    }
+
+    /// Records this pod's answer to a reset and reports it soon.
+    pub fn reset_applied(&self, answer: pb::ResetApplied) {
+        self.resets_applied
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(answer.id, answer);
+        self.wake.notify_one();
+    }
+
+    /// Keeps only the answers to orders still pending (`ids`): the others
+    /// were recorded, or are too old to matter.
+    pub fn resets_pending(&self, ids: &std::collections::BTreeSet<u64>) {
+        self.resets_applied
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|id, _| ids.contains(id));
+    }
+
+    /// The answers to report.
+    fn resets_to_report(&self) -> Vec<pb::ResetApplied> {
+        self.resets_applied
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// Whether this pod reports demand (it follows coordinators).

@@ -111,7 +111,9 @@ impl Global {
                 .collect(),
         };
         drop((table, counted));
-        to_proto(self.account().report(&holding, with_demand, now))
+        let mut report = to_proto(self.account().report(&holding, with_demand, now));
+        report.resets_applied = self.resets_to_report();
+        report
     }
 
     /// Sends demand every report interval ([`Global::report_interval`],
@@ -284,6 +286,7 @@ fn to_proto(report: PodReport) -> pb::DemandReport {
                 admitted: a.admitted,
             })
             .collect(),
+        resets_applied: Vec::new(),
     }
 }
 

@@ -158,6 +158,26 @@ pub(super) fn fixture_applied() -> Applied {
         replace_all: false,
         at_unix_ms: 85_000,
     }));
+    commands.push(Command::StartReset(
+        crate::coordinator::resets::StartReset {
+            domain: "a".into(),
+            entries: vec![("user".into(), "7".into())],
+            rule: None,
+            by: actor_reset(),
+            at_unix_ms: 86_000,
+            regions: vec!["eu".into(), "us".into()],
+        },
+    ));
+    commands.push(Command::ResetAnswered {
+        id: 1,
+        region: "eu".into(),
+        answer: crate::coordinator::resets::RegionAnswer {
+            at_unix_ms: 86_100,
+            pod: "eu-0".into(),
+            ok: true,
+            detail: "2 store keys".into(),
+        },
+    });
     for command in commands {
         registry.apply(command);
     }
@@ -184,10 +204,19 @@ pub(super) fn fixture_applied() -> Applied {
     }
 }
 
-/// [`fixture_applied`] as version 3 holds it: without overrides.
+fn actor_reset() -> crate::coordinator::drill::Actor {
+    crate::coordinator::drill::Actor {
+        credential: "admin token sha256:0a1b2c3d".into(),
+        from: "10.0.0.9:5124".into(),
+        operator: None,
+    }
+}
+
+/// [`fixture_applied`] as version 3 holds it: without overrides nor resets.
 pub(super) fn fixture_applied_v3() -> Applied {
     let mut applied = fixture_applied();
     applied.registry.overrides = Default::default();
+    applied.registry.resets = Default::default();
     applied
 }
 

@@ -32,9 +32,11 @@
 //! 3. adds failover drills: [`Registry::drills`] (last field), the
 //!    `sm_drills` table, `sm_meta.drills_last_id` and the three drill
 //!    commands (appended after `SetClusterId`);
-//! 4. adds per-key overrides: [`Registry::overrides`] (last field), the
-//!    `sm_overrides` table (one row per override), `sm_meta.overrides_version`
-//!    and `SetOverrides` (appended after the drill commands).
+//! 4. adds per-key overrides and counter resets: [`Registry::overrides`]
+//!    and [`Registry::resets`] (the last fields), the `sm_overrides` table
+//!    (one row per override), `sm_meta.overrides_version`, `sm_meta.resets`
+//!    and `SetOverrides`, `StartReset`, `ResetAnswered` (appended after the
+//!    drill commands).
 //!
 //! Migration: [`open`](super::open) takes a dir of an older known version and records
 //! [`FORMAT_VERSION`] in it before it is used, so the rule above (one dir,
@@ -121,6 +123,7 @@ impl From<AppliedV1> for Applied {
                 cluster_id: None,
                 drills: Drills::default(),
                 overrides: Default::default(),
+                resets: Default::default(),
             },
         }
     }
@@ -157,13 +160,14 @@ impl From<AppliedV2> for Applied {
                 cluster_id: v2.registry.cluster_id,
                 drills: Drills::default(),
                 overrides: Default::default(),
+                resets: Default::default(),
             },
         }
     }
 }
 
-/// Version 3's [`Applied`]: version 4 without the overrides, which come
-/// last in the registry. Must never change.
+/// Version 3's [`Applied`]: version 4 without the overrides and resets,
+/// which come last in the registry. Must never change.
 #[derive(Serialize, Deserialize)]
 struct AppliedV3 {
     last_applied: Option<LogId>,
@@ -182,7 +186,7 @@ struct RegistryV3 {
 }
 
 impl From<AppliedV3> for Applied {
-    /// The version-3 state in this build: no overrides yet.
+    /// The version-3 state in this build: no overrides nor resets yet.
     fn from(v3: AppliedV3) -> Applied {
         Applied {
             last_applied: v3.last_applied,
@@ -194,6 +198,7 @@ impl From<AppliedV3> for Applied {
                 cluster_id: v3.registry.cluster_id,
                 drills: v3.registry.drills,
                 overrides: Default::default(),
+                resets: Default::default(),
             },
         }
     }

@@ -23,6 +23,7 @@ use crate::cluster_id::ClusterId;
 use crate::coordinator::raft::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
+use crate::coordinator::resets::Resets;
 use crate::coordinator::state::{Outcome, Region, Registry, RuleSetVersion};
 use crate::overrides::{Override, Overrides};
 
@@ -90,6 +91,9 @@ fn load_applied(db: &Database) -> Result<Applied, DiskError> {
         overrides.by_id.insert(o.id(), o);
     }
     registry.overrides = Arc::new(overrides);
+    // Absent before format 4.
+    let resets: Option<Resets> = get_meta(db, SM_META, "resets")?;
+    registry.resets = resets.unwrap_or_default();
     let (last_applied, membership) =
         header.map_or_else(Default::default, |h| (h.last_applied, h.membership));
     Ok(Applied {
@@ -109,6 +113,8 @@ struct Rows<'a> {
     /// The overrides before the batch, when it changed them: rows that
     /// differ from the registry's are written, rows no longer held deleted.
     overrides_before: Option<&'a Overrides>,
+    /// Whether the batch touched the resets (kept as one value, bounded).
+    resets: bool,
     /// Drop every other version and drill first (snapshot install).
     replace: bool,
 }
@@ -125,6 +131,7 @@ fn persist_applied(
         versions,
         drills,
         overrides_before,
+        resets,
         replace: replace_versions,
     } = rows;
     let header = bincode::serialize(&AppliedHeader {
@@ -149,6 +156,12 @@ fn persist_applied(
         m.insert("regions", regions.as_slice())?;
         m.insert("allocations", allocations.as_slice())?;
         m.insert("cluster_id", cluster_id.as_slice())?;
+        if replace_versions || resets {
+            m.insert(
+                "resets",
+                bincode::serialize(&applied.registry.resets)?.as_slice(),
+            )?;
+        }
         let overrides = &applied.registry.overrides;
         if replace_versions || overrides_before.is_some() {
             m.insert(
@@ -254,12 +267,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let overrides_before = Arc::clone(&self.applied.registry.overrides);
         let mut outcomes = Vec::new();
         let mut drills = Vec::new();
+        let mut resets = false;
         for entry in entries {
             self.applied.last_applied = Some(entry.log_id);
             let outcome = match entry.payload {
                 EntryPayload::Blank => Outcome::Nothing,
                 EntryPayload::Normal(command) => {
                     let drill = command.drill();
+                    resets |= command.is_reset();
                     let outcome = self.applied.registry.apply(command);
                     if let (Some(d), Outcome::Applied { version }) = (drill, &outcome) {
                         // A start names its new id in the outcome.
@@ -294,6 +309,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     versions: &dirty,
                     drills: &drills,
                     overrides_before: changed.then_some(overrides_before.as_ref()),
+                    resets,
                     replace: false,
                 };
                 persist_applied(db, &applied, rows, Durability::None)
@@ -342,6 +358,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     versions: &versions,
                     drills: &[],
                     overrides_before: None,
+                    resets: false,
                     replace: true,
                 };
                 persist_applied(db, &to_write, rows, Durability::Immediate)?;
