@@ -56,6 +56,7 @@ mod redis_store;
 mod report_bounds;
 mod report_interval;
 mod reset;
+mod reset_regions;
 mod rules_cli;
 mod rules_diff_load;
 mod tracing_otlp;
