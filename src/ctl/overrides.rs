@@ -15,24 +15,42 @@ pub struct Target {
     /// The descriptor's domain.
     #[arg(long)]
     domain: String,
-    /// The descriptor's entries as KEY=VALUE, outermost first (e.g. customer=42).
-    #[arg(required = true, value_name = "KEY=VALUE")]
+    /// The descriptor's entries as KEY=VALUE, outermost first (e.g.
+    /// customer=42), as Envoy and descriptor checks send them.
+    #[arg(value_name = "KEY=VALUE", required_unless_present = "key")]
     entries: Vec<String>,
-    /// The rule the descriptor must resolve to (default: whichever it resolves to).
+    /// The rule the descriptor must resolve to (default: whichever it
+    /// resolves to); with --key, the rule's name as checks by rule name give it.
     #[arg(long)]
     rule: Option<String>,
+    /// Instead of a descriptor: the key as checks by rule name (`rule` +
+    /// `key`) give it; needs --rule. Such checks count the key apart from
+    /// descriptor checks of the same rule, so each form has its own override.
+    #[arg(long, requires = "rule", conflicts_with = "entries")]
+    key: Option<String>,
 }
 
 impl Target {
     fn query(&self) -> Vec<(&str, String)> {
-        let mut q = vec![
-            ("domain", self.domain.clone()),
-            ("descriptor", self.entries.join(";")),
-        ];
+        let mut q = vec![("domain", self.domain.clone())];
+        if !self.entries.is_empty() {
+            q.push(("descriptor", self.entries.join(";")));
+        }
         if let Some(rule) = &self.rule {
             q.push(("rule", rule.clone()));
         }
+        if let Some(key) = &self.key {
+            q.push(("key", key.clone()));
+        }
         q
+    }
+
+    /// How the override is named in messages.
+    fn shown(&self) -> String {
+        match &self.key {
+            Some(key) => format!("key {key} of rule {}", self.rule.as_deref().unwrap_or("")),
+            None => self.entries.join(" "),
+        }
     }
 }
 
@@ -138,6 +156,7 @@ pub async fn run(
                 "domain": target.domain,
                 "descriptor": target.entries,
                 "rule": target.rule,
+                "key": target.key,
                 "limit": limit,
                 "burst": burst,
                 "ttl": ttl,
@@ -172,7 +191,7 @@ pub async fn run(
                     url: "/api/v1/overrides".into(),
                     body: json!({ "error": format!(
                         "no override for {} in domain {}",
-                        target.entries.join(" "),
+                        target.shown(),
                         target.domain
                     ) }),
                 });

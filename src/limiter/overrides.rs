@@ -134,6 +134,7 @@ mod tests {
             reason: String::new(),
             set_by: String::new(),
             set_at_unix_ms: 0,
+            rule_name: None,
         };
         held.replace(OverrideIndex::new(1, [&o]));
         assert_eq!(
@@ -163,6 +164,7 @@ mod tests {
             reason: String::new(),
             set_by: String::new(),
             set_at_unix_ms: 0,
+            rule_name: None,
         };
         let index = OverrideIndex::new(4, [&o]);
         cache::save(&path, &index).expect("save");

@@ -18,11 +18,15 @@ pub struct Row {
     /// The descriptor's entries as `KEY=VALUE`, outermost first; in CSV one
     /// column with the entries separated by `;` (a value holding `;` needs
     /// JSON).
-    #[serde(deserialize_with = "entries_field")]
+    #[serde(default, deserialize_with = "entries_field")]
     pub descriptor: Vec<String>,
-    /// The rule it must resolve to (empty: whichever).
+    /// The rule it must resolve to (empty: whichever); with `key`, the rule
+    /// (its name or id) a check by rule name addresses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule: Option<String>,
+    /// The key as a check by rule name gives it, instead of a descriptor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
     /// Requests per the rule's period.
     pub limit: u64,
     /// A bucket's burst.
@@ -109,6 +113,7 @@ impl Row {
             domain: self.domain.clone(),
             entries,
             rule: self.rule.clone().filter(|r| !r.is_empty()),
+            key: self.key.clone().filter(|k| !k.is_empty()),
             limit: self.limit,
             burst: self.burst,
             expires_at_unix_ms,
@@ -121,7 +126,13 @@ impl Row {
         Row {
             domain: o.domain.clone(),
             descriptor: o.entries.iter().map(|(k, v)| format!("{k}={v}")).collect(),
-            rule: Some(o.rule.clone()),
+            rule: Some(if o.entries.is_empty() {
+                o.rule_name.clone().unwrap_or_else(|| o.rule.clone())
+            } else {
+                o.rule.clone()
+            }),
+            // Set by rule name: no descriptor, the key as checks give it.
+            key: o.entries.is_empty().then(|| o.key.clone()),
             limit: o.limit,
             burst: o.burst,
             expires_at_unix_ms: o.expires_at_unix_ms,
@@ -165,7 +176,8 @@ pub fn parse_json(text: &[u8]) -> Result<Vec<Row>, BulkError> {
 }
 
 /// Rows from CSV with a header line naming the columns (any order; the
-/// fields of [`Row`]; `domain`, `descriptor` and `limit` required).
+/// fields of [`Row`]; `domain`, `limit` and a `descriptor` or a `rule`
+/// and `key` required).
 pub fn parse_csv(text: &[u8]) -> Result<Vec<Row>, BulkError> {
     let mut reader = csv::ReaderBuilder::new()
         .trim(csv::Trim::All)
@@ -190,9 +202,12 @@ pub fn parse_csv(text: &[u8]) -> Result<Vec<Row>, BulkError> {
 #[serde(deny_unknown_fields)]
 struct CsvRow {
     domain: String,
+    #[serde(default)]
     descriptor: String,
     #[serde(default)]
     rule: Option<String>,
+    #[serde(default)]
+    key: Option<String>,
     limit: u64,
     #[serde(default)]
     burst: Option<u64>,
@@ -221,6 +236,7 @@ impl From<CsvRow> for Row {
                 .map(str::to_owned)
                 .collect(),
             rule: some(r.rule),
+            key: some(r.key),
             limit: r.limit,
             burst: r.burst,
             expires_at_unix_ms: r.expires_at_unix_ms,
@@ -239,6 +255,7 @@ pub fn to_csv<'a>(overrides: impl IntoIterator<Item = &'a Override>) -> String {
         "domain",
         "descriptor",
         "rule",
+        "key",
         "limit",
         "burst",
         "expires_at_unix_ms",
@@ -254,6 +271,7 @@ pub fn to_csv<'a>(overrides: impl IntoIterator<Item = &'a Override>) -> String {
             row.domain,
             row.descriptor.join(";"),
             row.rule.unwrap_or_default(),
+            row.key.unwrap_or_default(),
             row.limit.to_string(),
             row.burst.map(|b| b.to_string()).unwrap_or_default(),
             row.expires_at_unix_ms

@@ -19,8 +19,12 @@ pub struct Proposed {
     pub domain: String,
     /// The descriptor, outermost entry first.
     pub entries: Vec<(String, String)>,
-    /// The rule it must resolve to (`None`: whichever it resolves to).
+    /// The rule it must resolve to (`None`: whichever it resolves to); with
+    /// `key` and no entries, the rule's `name` as native checks address it.
     pub rule: Option<String>,
+    /// The key as a native check by rule name gives it (`rule` + `key`,
+    /// which counts under the key as given), instead of `entries`.
+    pub key: Option<String>,
     /// Requests per the rule's period.
     pub limit: u64,
     /// A bucket's burst.
@@ -42,6 +46,18 @@ pub fn resolve(
     now_unix_ms: i64,
 ) -> Result<Override, InvalidInput> {
     let p = proposed;
+    if p.entries.is_empty()
+        && let Some(key) = &p.key
+    {
+        return resolve_named(rules, p, key, floor_per_minute, set_by, now_unix_ms);
+    }
+    if p.key.is_some() {
+        return Err(InvalidInput::new(
+            "key",
+            p.key.as_deref().unwrap_or_default(),
+            "give a descriptor, or a rule name and a key, not both",
+        ));
+    }
     if p.entries.is_empty() || p.entries.len() > MAX_ENTRIES {
         return Err(InvalidInput::new(
             "descriptor",
@@ -117,6 +133,87 @@ pub fn resolve(
             ),
         ));
     }
+    finish(
+        p,
+        rule,
+        params,
+        resolved.counter_key,
+        floor_per_minute,
+        set_by,
+        now_unix_ms,
+    )
+}
+
+/// The override of `key` of the rule named `p.rule`, addressed as a native
+/// check by rule name addresses it.
+fn resolve_named(
+    rules: &RuleSet,
+    p: &Proposed,
+    key: &str,
+    floor_per_minute: f64,
+    set_by: &str,
+    now_unix_ms: i64,
+) -> Result<Override, InvalidInput> {
+    let Some(name) = &p.rule else {
+        return Err(InvalidInput::new(
+            "rule",
+            "",
+            "a key without a descriptor needs the rule's name (as checks by rule name give it)",
+        ));
+    };
+    if !rules.domains().any(|d| d == p.domain) {
+        return Err(InvalidInput::new(
+            "domain",
+            &p.domain,
+            "no rule of the enforced rule set has this domain",
+        ));
+    }
+    // Its name as checks give it, or its id (as exports write it).
+    let by_id = rules.rules().find(|r| r.id == *name);
+    let rule = match (rules.by_name(&p.domain, name), by_id) {
+        (Ok(Some(rule)), _) | (Ok(None), Some(rule)) => rule,
+        (Ok(None), None) => {
+            return Err(InvalidInput::new(
+                "rule",
+                name,
+                format!("no rule of domain {} has this name", p.domain),
+            ));
+        }
+        (Err(e), _) => return Err(InvalidInput::new("rule", name, e.to_string())),
+    };
+    crate::store::key::check(&rule.id, key)?;
+    let Some(params) = rule.params.as_ref().filter(|_| !rule.unlimited) else {
+        return Err(InvalidInput::new("rule", name, "is unlimited"));
+    };
+    if !rule.also.is_empty() {
+        return Err(InvalidInput::new(
+            "rule",
+            name,
+            "has several limits (`limits:`); an override replaces one limit, so it applies \
+             to rules with one rate_limit",
+        ));
+    }
+    finish(
+        p,
+        rule,
+        params,
+        key.to_owned(),
+        floor_per_minute,
+        set_by,
+        now_unix_ms,
+    )
+}
+
+/// The checks every override passes once its rule and key are known.
+fn finish(
+    p: &Proposed,
+    rule: &crate::rules::Rule,
+    params: &Params,
+    key: String,
+    floor_per_minute: f64,
+    set_by: &str,
+    now_unix_ms: i64,
+) -> Result<Override, InvalidInput> {
     // The rule's algorithm must take the numbers.
     params_for(params, p.limit, p.burst)?;
     let per_minute = p.limit as f64 * 60.0 / params.period().as_secs_f64();
@@ -150,7 +247,8 @@ pub fn resolve(
         domain: p.domain.clone(),
         entries: p.entries.clone(),
         rule: rule.id.clone(),
-        key: resolved.counter_key,
+        rule_name: rule.name.clone(),
+        key,
         limit: p.limit,
         burst: p.burst,
         expires_at_unix_ms: p.expires_at_unix_ms,

@@ -64,6 +64,7 @@ impl OverrideIndex {
                     reason: String::new(),
                     set_by: String::new(),
                     set_at_unix_ms: 0,
+                    rule_name: None,
                 })
             })
             .collect();

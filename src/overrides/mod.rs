@@ -50,6 +50,8 @@ pub struct Override {
     pub entries: Vec<(String, String)>,
     /// The rule it resolved to when set (`Rule::id`).
     pub rule: String,
+    /// That rule's `name`, if it has one (checks by rule name use it).
+    pub rule_name: Option<String>,
     /// The key as that rule counts it (`Resolved::counter_key`).
     pub key: String,
     /// Requests per the rule's period.

@@ -40,6 +40,7 @@ fn proposed(entries: &[(&str, &str)], limit: u64) -> Proposed {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         rule: None,
+        key: None,
         limit,
         burst: None,
         expires_at_unix_ms: None,
@@ -242,4 +243,49 @@ fn bulk_rows_read_from_csv_and_json_and_an_export_reads_back() {
     assert_eq!(back[0].descriptor, vec!["customer=42".to_string()]);
     assert_eq!(back[0].limit, 5_000);
     assert_eq!(back[0].rule.as_deref(), Some("api|customer"));
+}
+
+#[test]
+fn an_override_by_rule_name_holds_the_key_as_checks_by_name_give_it() {
+    let set = RuleSet::parse(&[RuleFile {
+        name: "demo.yaml".into(),
+        text: "domain: demo\ndescriptors:\n  - key: customer\n    rate_limit: { name: per_customer, unit: minute, requests_per_unit: 1000 }\n".into(),
+    }])
+    .expect("rules");
+    let mut p = proposed(&[], 2_000);
+    p.domain = "demo".into();
+    p.rule = Some("per_customer".into());
+    p.key = Some("cust-3".into());
+    let o = resolve(&set, &p, 60.0, "t", NOW).expect("valid");
+    assert_eq!(
+        (o.rule.as_str(), o.key.as_str()),
+        ("demo|customer", "cust-3")
+    );
+    assert_eq!(o.rule_name.as_deref(), Some("per_customer"));
+    // By the rule's id too (as an export writes it).
+    p.rule = Some("demo|customer".into());
+    assert!(resolve(&set, &p, 60.0, "t", NOW).is_ok());
+    p.rule = Some("nope".into());
+    assert_eq!(
+        resolve(&set, &p, 60.0, "t", NOW)
+            .expect_err("unknown")
+            .field,
+        "rule"
+    );
+    p.rule = None;
+    assert_eq!(
+        resolve(&set, &p, 60.0, "t", NOW)
+            .expect_err("no rule")
+            .field,
+        "rule"
+    );
+    // Not both forms at once.
+    let mut both = proposed(&[("customer", "1")], 2_000);
+    both.key = Some("x".into());
+    assert_eq!(
+        resolve(&rules(), &both, 60.0, "t", NOW)
+            .expect_err("both")
+            .field,
+        "key"
+    );
 }

@@ -132,6 +132,7 @@ impl OverrideAssembly {
                 reason: String::new(),
                 set_by: String::new(),
                 set_at_unix_ms: 0,
+                rule_name: None,
             }));
         if part.more {
             return Ok(None);
@@ -157,6 +158,7 @@ mod tests {
             reason: String::new(),
             set_by: String::new(),
             set_at_unix_ms: 0,
+            rule_name: None,
         }
     }
 

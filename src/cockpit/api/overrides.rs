@@ -36,6 +36,7 @@ fn shown(o: &Override, now: i64) -> Value {
         "domain": o.domain,
         "descriptor": o.entries.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
         "rule": o.rule,
+        "rule_name": o.rule_name,
         "key": o.key,
         "limit": o.limit,
         "burst": o.burst,
@@ -139,6 +140,9 @@ pub(super) struct Which {
     descriptor: Option<String>,
     #[serde(default)]
     rule: Option<String>,
+    /// The key of an override set by rule name (no descriptor).
+    #[serde(default)]
+    key: Option<String>,
     #[serde(default)]
     format: Option<String>,
     /// Include expired overrides not yet dropped.
@@ -167,8 +171,15 @@ impl Which {
 
     fn matches(&self, o: &Override, entries: Option<&[(String, String)]>) -> bool {
         self.domain.as_ref().is_none_or(|d| *d == o.domain)
-            && self.rule.as_ref().is_none_or(|r| *r == o.rule)
+            && self
+                .rule
+                .as_ref()
+                .is_none_or(|r| *r == o.rule || o.rule_name.as_ref() == Some(r))
             && entries.is_none_or(|e| e == o.entries.as_slice())
+            && self
+                .key
+                .as_ref()
+                .is_none_or(|k| o.entries.is_empty() && *k == o.key)
     }
 }
 
@@ -216,19 +227,20 @@ pub(super) async fn delete_override(
     let Some(domain) = q.domain.as_ref() else {
         return Err(unprocessable("domain", "give the override's domain"));
     };
-    let Some(entries) = q.entries()? else {
+    let entries = q.entries()?;
+    if entries.is_none() && (q.key.is_none() || q.rule.is_none()) {
         return Err(unprocessable(
             "descriptor",
-            "give the override's descriptor (KEY=VALUE;KEY=VALUE)",
+            "give the override's descriptor (KEY=VALUE;KEY=VALUE), or its rule and key",
         ));
-    };
+    }
     let applied = api.node.applied.borrow().clone();
     let remove: Vec<(String, String)> = applied
         .registry
         .overrides
         .by_id
         .values()
-        .filter(|o| q.matches(o, Some(&entries)))
+        .filter(|o| q.matches(o, entries.as_deref()))
         .map(Override::id)
         .collect();
     if remove.is_empty() {

@@ -153,6 +153,7 @@ pub(super) fn fixture_applied() -> Applied {
             reason: "enterprise plan".into(),
             set_by: "admin token sha256:0a1b2c3d (ops)".into(),
             set_at_unix_ms: 85_000,
+            rule_name: None,
         }],
         remove: Vec::new(),
         replace_all: false,

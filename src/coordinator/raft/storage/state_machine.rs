@@ -578,6 +578,7 @@ mod tests {
             reason: String::new(),
             set_by: "t".into(),
             set_at_unix_ms: 1,
+            rule_name: None,
         };
         let change = |set, remove, at| {
             Command::SetOverrides(OverrideChange {
