@@ -231,6 +231,7 @@ fn reset_order(o: &crate::coordinator::resets::ResetOrder) -> pb::ResetOrder {
             })
             .collect(),
         rule: o.rule.clone().unwrap_or_default(),
+        key: o.key.clone().unwrap_or_default(),
     }
 }
 

@@ -44,8 +44,11 @@ pub struct ResetOrder {
     pub id: u64,
     pub domain: String,
     pub entries: Vec<(String, String)>,
-    /// The rule the descriptor must resolve to (`None`: whichever).
+    /// The rule the descriptor must resolve to (`None`: whichever); with
+    /// `key`, the rule whose counter `key` is cleared.
     pub rule: Option<String>,
+    /// The key as checks by rule name count it, instead of `entries`.
+    pub key: Option<String>,
     pub by: Actor,
     pub at_unix_ms: i64,
     /// The regions asked: every region registered when it started.
@@ -69,6 +72,7 @@ pub struct StartReset {
     pub domain: String,
     pub entries: Vec<(String, String)>,
     pub rule: Option<String>,
+    pub key: Option<String>,
     pub by: Actor,
     pub at_unix_ms: i64,
     pub regions: Vec<String>,
@@ -107,6 +111,7 @@ impl Resets {
                 domain: start.domain,
                 entries: start.entries,
                 rule: start.rule,
+                key: start.key,
                 by: start.by,
                 at_unix_ms: start.at_unix_ms,
                 regions: start.regions,
@@ -152,6 +157,7 @@ mod tests {
             domain: "api".into(),
             entries: vec![("customer".into(), "42".into())],
             rule: None,
+            key: None,
             by: Actor::default(),
             at_unix_ms: at,
             regions: vec!["east".into(), "west".into()],

@@ -16,11 +16,16 @@ pub struct ResetArgs {
     #[arg(long)]
     domain: String,
     /// The descriptor's entries as KEY=VALUE, outermost first (e.g. customer=42).
-    #[arg(required = true, value_name = "KEY=VALUE")]
+    #[arg(value_name = "KEY=VALUE", required_unless_present = "key")]
     entries: Vec<String>,
-    /// The rule (its name or id) the descriptor must resolve to.
+    /// The rule (its name or id) the descriptor must resolve to; with --key,
+    /// the rule's name as checks by rule name give it.
     #[arg(long)]
     rule: Option<String>,
+    /// Instead of a descriptor: the key as checks by rule name count it
+    /// (needs --rule).
+    #[arg(long, requires = "rule", conflicts_with = "entries")]
+    key: Option<String>,
     /// How long to wait for every region's answer; a region that has not
     /// answered by then is shown as pending (it applies the reset when it
     /// reconnects, for 10 minutes).
@@ -32,7 +37,8 @@ pub struct ResetArgs {
 /// Starts the reset and follows it. Exit 1 when a region failed or did not
 /// answer within `--wait`.
 pub async fn run(client: &Client, output: Output, args: ResetArgs) -> Result<(), CtlError> {
-    let body = json!({ "domain": args.domain, "descriptor": args.entries, "rule": args.rule });
+    let body = json!({ "domain": args.domain, "descriptor": args.entries, "rule": args.rule,
+                       "key": args.key });
     let started = client
         .send(Method::POST, "/api/v1/resets", Some(body))
         .await?;
@@ -88,14 +94,17 @@ fn table(reset: &Value) -> String {
             ]
         })
         .collect();
-    format!(
-        "reset {} of {} {} (by {}):\n{}",
-        render::cell(&reset["id"]),
-        render::cell(&reset["domain"]),
-        reset["descriptor"]
+    let what = match reset["key"].as_str() {
+        Some(key) => format!("key {key} of rule {}", render::cell(&reset["rule"])),
+        None => reset["descriptor"]
             .as_array()
             .map(|d| d.iter().map(render::cell).collect::<Vec<_>>().join(" "))
             .unwrap_or_default(),
+    };
+    format!(
+        "reset {} of {} {what} (by {}):\n{}",
+        render::cell(&reset["id"]),
+        render::cell(&reset["domain"]),
         render::cell(&reset["by"]["credential"]),
         render::table(&["REGION", "STATE", "AT", "POD", "DETAIL"], &rows)
     )

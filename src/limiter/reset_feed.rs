@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use metrics::counter;
 
 use super::global::Global;
+use super::reset::{ResetError, ResetOutcome, ResetRule};
 use super::service::Service;
+use crate::algorithm::InvalidInput;
 use crate::proto::meridian::v1 as pb;
 
 /// The orders this pod applied, among those still pending.
@@ -50,6 +52,41 @@ impl ResetFeed {
         }
     }
 
+    /// Clears `key` of the rule named `name`, as checks by rule name count
+    /// it (the enforced set's rule, and the shadow set's if it differs).
+    async fn reset_named(
+        &self,
+        domain: &str,
+        name: &str,
+        key: &str,
+    ) -> Result<ResetOutcome, ResetError> {
+        let sets = std::iter::once(self.service.rules.current()).chain(self.service.rules.shadow());
+        let mut rules = Vec::new();
+        for set in sets {
+            let rule = match set.by_name(domain, name) {
+                Ok(Some(rule)) => rule.clone(),
+                Ok(None) => continue,
+                Err(e) => {
+                    return Err(ResetError::Invalid(InvalidInput::new(
+                        "rule",
+                        name,
+                        e.to_string(),
+                    )));
+                }
+            };
+            if rules.iter().any(|r: &ResetRule| r.rule.id == rule.id) {
+                continue;
+            }
+            let cleared = self.service.reset_counter(&rule, key).await?;
+            rules.push(ResetRule {
+                rule,
+                counter_key: key.to_owned(),
+                cleared,
+            });
+        }
+        Ok(ResetOutcome { rules })
+    }
+
     async fn apply(&self, order: pb::ResetOrder) {
         let entries: Vec<(String, String)> = order
             .entries
@@ -57,7 +94,12 @@ impl ResetFeed {
             .map(|e| (e.key, e.value))
             .collect();
         let rule = (!order.rule.is_empty()).then_some(order.rule.as_str());
-        let outcome = self.service.reset(&order.domain, &entries, rule).await;
+        let outcome = if order.key.is_empty() {
+            self.service.reset(&order.domain, &entries, rule).await
+        } else {
+            self.reset_named(&order.domain, rule.unwrap_or_default(), &order.key)
+                .await
+        };
         let (ok, detail) = match &outcome {
             Ok(done) if done.rules.is_empty() => (
                 true,

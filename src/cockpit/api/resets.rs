@@ -34,9 +34,14 @@ fn unprocessable(field: &str, message: impl Into<String>) -> ApiError {
 struct StartBody {
     domain: String,
     /// KEY=VALUE entries, outermost first.
+    #[serde(default)]
     descriptor: Vec<String>,
     #[serde(default)]
     rule: Option<String>,
+    /// Instead of a descriptor: the key as checks by rule name (`rule`)
+    /// count it.
+    #[serde(default)]
+    key: Option<String>,
 }
 
 /// A reset with each region's state at `now`.
@@ -73,6 +78,7 @@ fn shown(o: &ResetOrder, now: i64) -> Value {
         "domain": o.domain,
         "descriptor": o.entries.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
         "rule": o.rule,
+        "key": o.key,
         "at_unix_ms": o.at_unix_ms,
         "by": o.by,
         "done": done,
@@ -97,38 +103,73 @@ pub(super) async fn start_reset(
         Some(Ok(set)) => set,
         _ => return Err(unprocessable("domain", "no rule set is enforced yet")),
     };
-    let pairs: Vec<(&str, &str)> = entries
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let resolved = rules
-        .resolve(&b.domain, &pairs)
-        .and_then(|r| r.rule.cloned());
-    let Some(rule) = resolved else {
-        return Err(unprocessable(
-            "descriptor",
-            format!(
-                "{} matches no rule of domain {}: there is nothing to reset",
-                b.descriptor.join(" "),
-                b.domain
-            ),
-        ));
+    let rule = match &b.key {
+        Some(key) => {
+            let Some(named) = &b.rule else {
+                return Err(unprocessable(
+                    "rule",
+                    "a key without a descriptor needs the rule's name",
+                ));
+            };
+            if !entries.is_empty() {
+                return Err(unprocessable(
+                    "key",
+                    "give a descriptor, or a rule name and a key, not both",
+                ));
+            }
+            crate::store::key::check(named, key)
+                .map_err(|e| unprocessable(e.field, e.to_string()))?;
+            match rules.by_name(&b.domain, named) {
+                Ok(Some(rule)) => rule.clone(),
+                Ok(None) => {
+                    return Err(unprocessable(
+                        "rule",
+                        format!("no rule of domain {} is named {named}", b.domain),
+                    ));
+                }
+                Err(e) => return Err(unprocessable("rule", e.to_string())),
+            }
+        }
+        None => {
+            let pairs: Vec<(&str, &str)> = entries
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let resolved = rules
+                .resolve(&b.domain, &pairs)
+                .and_then(|r| r.rule.cloned());
+            let Some(rule) = resolved else {
+                return Err(unprocessable(
+                    "descriptor",
+                    format!(
+                        "{} matches no rule of domain {}: there is nothing to reset",
+                        b.descriptor.join(" "),
+                        b.domain
+                    ),
+                ));
+            };
+            if let Some(named) = &b.rule
+                && *named != rule.id
+                && rule.name.as_deref() != Some(named.as_str())
+            {
+                return Err(unprocessable(
+                    "rule",
+                    format!("the descriptor resolves to rule {}, not {named}", rule.id),
+                ));
+            }
+            rule
+        }
     };
-    if let Some(named) = &b.rule
-        && *named != rule.id
-        && rule.name.as_deref() != Some(named.as_str())
-    {
-        return Err(unprocessable(
-            "rule",
-            format!("the descriptor resolves to rule {}, not {named}", rule.id),
-        ));
-    }
     // Limiters check a named rule by its name (an id names it too here).
-    let rule_name = b.rule.as_ref().and(rule.name.clone());
+    let rule_name = match &b.key {
+        Some(_) => rule.name.clone(),
+        None => b.rule.as_ref().and(rule.name.clone()),
+    };
     let start = StartReset {
         domain: b.domain,
         entries,
         rule: rule_name,
+        key: b.key,
         by: actor(&api, &headers, &peer),
         at_unix_ms: now_unix_ms(),
         regions: registry.regions.keys().cloned().collect(),
