@@ -164,6 +164,7 @@ pub(super) fn fixture_applied() -> Applied {
             domain: "a".into(),
             entries: vec![("user".into(), "7".into())],
             rule: None,
+            key: None,
             by: actor_reset(),
             at_unix_ms: 86_000,
             regions: vec!["eu".into(), "us".into()],
