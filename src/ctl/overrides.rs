@@ -168,12 +168,13 @@ pub async fn run(
             print(output, &answer, |a| {
                 let o = &a["override"];
                 format!(
-                    "override set (overrides version {}): {} {} of rule {}: {} per period{}\n",
+                    "override set (overrides version {}): {} {} of rule {}: {} per {}{}\n",
                     render::cell(&a["version"]),
                     render::cell(&o["domain"]),
                     render::cell(&o["key"]),
                     render::cell(&o["rule"]),
                     render::cell(&o["limit"]),
+                    a["period"].as_str().unwrap_or("period"),
                     match o["expires_at_unix_ms"].as_i64() {
                         Some(_) => format!(", until {}", render::utc(&o["expires_at_unix_ms"])),
                         None => String::new(),

@@ -119,7 +119,12 @@ pub(super) async fn put_override(
     let by = set_by(&api, &headers, &peer);
     let o = resolve(&rules, &proposed, api.shared_rule_floor, &by, now)
         .map_err(|e| unprocessable(e.field, e.to_string()))?;
-    let extra = json!({ "override": shown(&o, now) });
+    let period = rules
+        .rules()
+        .find(|r| r.id == o.rule)
+        .and_then(|r| r.params.as_ref())
+        .map(|p| crate::rules::format_duration(p.period()));
+    let extra = json!({ "override": shown(&o, now), "period": period });
     let change = OverrideChange {
         set: vec![o],
         remove: Vec::new(),
