@@ -10,6 +10,9 @@ use super::terms::Terms;
 use super::{HOUR_MS, MAX_FINISHED, OPEN_PERIODS, PeriodAdmitted, final_wait_ms};
 use crate::allocation::Millis;
 
+/// Tracked keys with their world-wide counts, busiest first.
+pub type KeyCounts = Vec<(Arc<str>, u64)>;
+
 /// One rule's open periods and history.
 #[derive(Debug)]
 pub struct RuleLedger {
@@ -185,7 +188,7 @@ impl RuleLedger {
 
     /// Every open period that began by `now`, oldest first: its start and
     /// its tracked keys with their world-wide counts, busiest first.
-    pub fn tracked_keys(&self, now: Millis) -> Vec<(Millis, Vec<(Arc<str>, u64)>)> {
+    pub fn tracked_keys(&self, now: Millis) -> Vec<(Millis, KeyCounts)> {
         self.open
             .range(..=now)
             .map(|(start, period)| (*start, period.top_keys(usize::MAX)))
