@@ -12,6 +12,7 @@ mod drill;
 mod overrides;
 mod render;
 mod top;
+mod usage;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -115,6 +116,16 @@ enum CtlCommand {
         #[command(subcommand)]
         command: overrides::OverridesCommand,
     },
+    /// How much of its limit a key used, per region and world-wide.
+    ///
+    /// `usage --domain api customer=42`: for each limit of the rule the
+    /// descriptor resolves to, per region the hits admitted in the current
+    /// period (from the leader's world ledger, which tracks the busiest
+    /// keys: a quiet key is "not tracked"), the region's allocation for the
+    /// key, the limit, the override if any and how old the figure is.
+    /// `usage top [--rule R] [-n 10]`: the keys closest to or over their
+    /// limit world-wide.
+    Usage(usage::UsageArgs),
     /// A live view of allocations and rejections per region, redrawn in place.
     ///
     /// Reads the leader (consistent reads), which counts the hits the
@@ -364,6 +375,7 @@ async fn dispatch(args: CtlArgs) -> Result<(), CtlError> {
         CtlCommand::Cluster { command } => cluster(&client, output, command).await,
         CtlCommand::Drill { command } => drill::run(&client, output, command).await,
         CtlCommand::Overrides { command } => overrides::run(&client, output, command).await,
+        CtlCommand::Usage(u) => usage::run(&client, output, u).await,
         CtlCommand::Top(t) => top::run(&client, output, t.interval, t.window, t.once).await,
         CtlCommand::Completions { .. } => Ok(()),
     }
