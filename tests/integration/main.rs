@@ -59,4 +59,5 @@ mod reset;
 mod rules_cli;
 mod rules_diff_load;
 mod tracing_otlp;
+mod usage;
 mod watch_bounds;
