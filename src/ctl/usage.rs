@@ -141,12 +141,13 @@ pub fn usage_table(body: &Value) -> String {
             .map(Vec::as_slice)
             .unwrap_or_default()
         {
-            let used = if !r["used"].is_null() {
-                render::cell(&r["used"])
-            } else if r["reported_this_period"].as_bool() == Some(true) {
-                "not tracked".into()
-            } else {
-                "-".into()
+            let used = match r["figure"].as_str() {
+                Some("counted") => render::cell(&r["used"]),
+                // Some pods of the region did not report the key.
+                Some("partial") => format!("{}+", render::cell(&r["used"])),
+                Some("not_tracked") => "not tracked".into(),
+                Some("not_reported") => "not reported".into(),
+                _ => "-".into(),
             };
             rows.push(vec![
                 id.clone(),
@@ -181,6 +182,17 @@ pub fn usage_table(body: &Value) -> String {
                 "{id}: no pod has reported the period that began {} yet",
                 render::utc(&l["period"]["start_unix_ms"])
             )),
+            Some("tracked")
+                if l["regions"]
+                    .as_array()
+                    .is_some_and(|rs| rs.iter().any(|r| r["figure"] != "counted")) =>
+            {
+                notes.push(format!(
+                    "{id}: N+: some pods of the region did not report the key; not reported: \
+                     none did (no hits, or not among a pod's 16 busiest keys); -: the region \
+                     did not report the period"
+                ))
+            }
             Some("not_in_ledger") => notes.push(format!(
                 "{id}: not in the leader's ledger (a new leader counts from the reports that reach it)"
             )),
@@ -281,9 +293,9 @@ mod tests {
                   "override": { "limit": 5000, "expired": false, "expires_at_unix_ms": null },
                   "status": "tracked", "period": { "start_unix_ms": 0 },
                   "regions": [
-                    { "region": "east", "used": 2000, "allocation": 3500, "age_ms": 800, "reported_this_period": true },
-                    { "region": "west", "used": null, "allocation": 1500, "age_ms": 1200, "reported_this_period": true },
-                    { "region": "north", "used": null, "allocation": null, "age_ms": null, "reported_this_period": false }
+                    { "region": "east", "used": 2000, "allocation": 3500, "age_ms": 800, "figure": "counted" },
+                    { "region": "west", "used": null, "allocation": 1500, "age_ms": 1200, "figure": "not_tracked" },
+                    { "region": "north", "used": null, "allocation": null, "age_ms": null, "figure": "no_reports" }
                   ],
                   "world": { "used": 3000, "ratio": 0.6, "allocation": 5000 },
                   "previous_period": null },

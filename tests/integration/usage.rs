@@ -217,6 +217,11 @@ async fn usage_agrees(
         let used = r["used"]
             .as_u64()
             .unwrap_or_else(|| panic!("{} used: {body}", region.name));
+        assert_eq!(
+            r["figure"], "counted",
+            "every pod of {} reported the key: {body}",
+            region.name
+        );
         let heard = r["last_report_unix_ms"].as_i64().expect("last report");
         let age = r["age_ms"].as_i64().expect("age");
         // The stated staleness: a region's figure is its last report, at

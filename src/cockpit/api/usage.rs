@@ -24,7 +24,8 @@
 //! count is unknown, never shown as 0. The ledger is the leader's, so a
 //! follower relays both routes to the leader (like `/api/v1/ledger`).
 //! [`usage_json`] and [`top_json`] shape the answers from what the handlers
-//! copy out of the leader (pure, unit tested in `usage_tests.rs`).
+//! copy out of the leader (pure, unit tested in `usage_tests.rs`); the query
+//! and what it names are `usage_query.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -38,13 +39,18 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use self::query::unprocessable;
+pub(super) use self::query::{Target, UsageQuery, target};
 use super::errors::ApiError;
 use super::read::{Read, relay_get};
 use super::{Api, is_relayed};
 use crate::allocation::ledger::{KeyCounts, KeyFigure, Ledger, RuleLedger};
 use crate::allocation::{Allocations, Millis};
-use crate::overrides::{Override, Overrides, split_entries};
-use crate::rules::{Rule, RuleSet, Scope};
+use crate::overrides::{Override, Overrides};
+use crate::rules::{RuleSet, Scope};
+
+#[path = "usage_query.rs"]
+mod query;
 
 /// How long a follower waits for the leader's answer.
 const RELAY_DEADLINE: Duration = Duration::from_secs(2);
@@ -68,179 +74,6 @@ pub const HOW: &str = "used: the key's hits admitted world-wide in the current c
      set: granted × O / L). ratio: world-wide used / the key's limit (the override's, else L). \
      scope: region rules are counted in each region's own Redis: the coordinator holds no figure \
      of them";
-
-fn unprocessable(field: &str, message: impl Into<String>) -> ApiError {
-    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, message).with("field", json!(field))
-}
-
-// ---- the key asked about -------------------------------------------------
-
-/// The query of `GET /api/v1/usage`, checked before anything is relayed.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct UsageQuery {
-    domain: Option<String>,
-    /// `K=V;K2=V2`, outermost entry first.
-    descriptor: Option<String>,
-    /// With `key`: a rule id, or a `rate_limit.name` of `domain`.
-    rule: Option<String>,
-    /// With `rule`: the counter key as a check by rule name gives it.
-    key: Option<String>,
-    #[expect(dead_code, reason = "read by the Read extractor, not from here")]
-    consistent: Option<bool>,
-}
-
-impl FromRequestParts<Api> for UsageQuery {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, api: &Api) -> Result<Self, ApiError> {
-        match Query::<UsageQuery>::from_request_parts(parts, api).await {
-            Ok(Query(query)) => Ok(query),
-            Err(e) => Err(
-                ApiError::new(StatusCode::BAD_REQUEST, format!("query: {e}")).with(
-                    "allowed",
-                    json!(["domain", "descriptor", "rule", "key", "consistent"]),
-                ),
-            ),
-        }
-    }
-}
-
-/// The rule and counter a query names.
-#[derive(Debug, Clone)]
-pub(super) struct Target {
-    /// The domain asked about (the rule's).
-    pub domain: String,
-    /// The descriptor as asked (`K=V` each), empty for rule + key.
-    pub descriptor: Vec<String>,
-    pub rule: Arc<Rule>,
-    /// The counter key: what the limiters, the ledger, allocations and
-    /// overrides name the key by.
-    pub key: String,
-}
-
-/// The rule and counter key `q` names in `rules`, or why not (422 naming
-/// the field).
-pub(super) fn target(rules: &RuleSet, q: &UsageQuery) -> Result<Target, ApiError> {
-    let domain_known = |d: &str| rules.domains().any(|known| known == d);
-    if let Some(d) = &q.domain
-        && !domain_known(d)
-    {
-        return Err(unprocessable(
-            "domain",
-            format!("no rule of the enforced rule set has domain {d:?}"),
-        )
-        .with("domains", json!(rules.domains().collect::<Vec<_>>())));
-    }
-    match (&q.descriptor, &q.rule, &q.key) {
-        (Some(text), None, None) => {
-            let Some(domain) = &q.domain else {
-                return Err(unprocessable("domain", "a descriptor needs its domain"));
-            };
-            let parts: Vec<String> = text
-                .split(';')
-                .filter(|e| !e.is_empty())
-                .map(str::to_owned)
-                .collect();
-            let entries =
-                split_entries(&parts).map_err(|e| unprocessable("descriptor", e.to_string()))?;
-            if entries.is_empty() {
-                return Err(unprocessable(
-                    "descriptor",
-                    "give at least one KEY=VALUE entry",
-                ));
-            }
-            let borrowed: Vec<(&str, &str)> = entries
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect();
-            let Some(resolved) = rules.resolve(domain, &borrowed) else {
-                return Err(unprocessable(
-                    "descriptor",
-                    format!("{text} matches no rule of domain {domain}"),
-                ));
-            };
-            let Some(rule) = resolved.rule else {
-                return Err(unprocessable(
-                    "descriptor",
-                    format!(
-                        "{text} resolves to an allow-list entry (no rate_limit): nothing is counted"
-                    ),
-                ));
-            };
-            counted(Target {
-                domain: domain.clone(),
-                descriptor: parts,
-                rule: Arc::clone(rule),
-                key: resolved.counter_key,
-            })
-        }
-        (None, Some(rule), Some(key)) => {
-            let by_id = rules.rule(rule);
-            let by_name = || {
-                q.domain
-                    .as_deref()
-                    .and_then(|d| rules.by_name(d, rule).transpose())
-            };
-            let found = match (by_id, by_name()) {
-                (Some(r), _) => r,
-                (None, Some(Ok(r))) => r,
-                (None, Some(Err(e))) => return Err(unprocessable("rule", e.to_string())),
-                (None, None) => {
-                    return Err(unprocessable(
-                        "rule",
-                        format!(
-                            "{rule:?} is neither a rule id of the enforced rule set nor a \
-                             rate_limit.name of the domain given"
-                        ),
-                    ));
-                }
-            };
-            if q.domain.as_ref().is_some_and(|d| *d != found.domain) {
-                return Err(unprocessable(
-                    "rule",
-                    format!("rule {} is of domain {}", found.id, found.domain),
-                ));
-            }
-            counted(Target {
-                domain: found.domain.clone(),
-                descriptor: Vec::new(),
-                rule: Arc::clone(found),
-                key: key.clone(),
-            })
-        }
-        (None, None, None) => Err(unprocessable(
-            "descriptor",
-            "give domain= and descriptor=KEY=VALUE;…, or rule= and key=",
-        )),
-        (Some(_), _, _) => Err(unprocessable(
-            if q.rule.is_some() { "rule" } else { "key" },
-            "give a descriptor, or rule= and key=, not both",
-        )),
-        (None, Some(_), None) => Err(unprocessable("key", "rule= needs key=")),
-        (None, None, Some(_)) => Err(unprocessable("rule", "key= needs rule=")),
-    }
-}
-
-/// `t`, unless its rule counts nothing.
-fn counted(t: Target) -> Result<Target, ApiError> {
-    if t.rule.limits().next().is_none() {
-        let field = if t.descriptor.is_empty() {
-            "rule"
-        } else {
-            "descriptor"
-        };
-        return Err(unprocessable(
-            field,
-            format!(
-                "resolves to rule {}, which counts nothing (unlimited, or a limit of 0 that \
-                 denies every request)",
-                t.rule.id
-            ),
-        ));
-    }
-    Ok(t)
-}
 
 // ---- shaping the answers (pure) ---------------------------------------------
 
@@ -454,15 +287,26 @@ fn global_limit(
             }
             let here = current.and_then(|c| c.regions.iter().find(|r| &*r.region == name));
             let before = previous.and_then(|p| p.regions.iter().find(|r| &*r.region == name));
+            // What is known of the key in this region: counted by every
+            // pod that reported the period, by some (the others did not
+            // report it: no hits, or not among their busiest), by none, or
+            // nothing (the key is not tracked; the region did not report).
+            let figure = match here {
+                None => "no_reports",
+                Some(r) if r.admitted.is_none() => "not_tracked",
+                Some(r) if r.pods_with_key == 0 => "not_reported",
+                Some(r) if r.pods_with_key < r.pods => "partial",
+                Some(_) => "counted",
+            };
             let used = here
+                .filter(|r| r.pods_with_key > 0)
                 .and_then(|r| r.admitted)
                 .map(|n| unscale(n, limit, held));
             let heard = here.or(before);
             json!({
                 "region": name,
                 "used": used,
-                "tracked": here.is_some_and(|r| r.admitted.is_some()),
-                "reported_this_period": here.is_some(),
+                "figure": figure,
                 "pods": here.map(|r| r.pods),
                 "pods_with_key": here.map(|r| r.pods_with_key),
                 "allocation": allocated,

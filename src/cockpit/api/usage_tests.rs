@@ -225,7 +225,11 @@ fn a_tracked_key_shows_each_regions_use_allocation_and_age_and_the_world_against
         north["used"].is_null() && north["age_ms"].is_null(),
         "{north}"
     );
-    assert_eq!(north["reported_this_period"], false);
+    assert_eq!(north["figure"], "no_reports");
+    assert_eq!(
+        (east["figure"].as_str(), west["figure"].as_str()),
+        (Some("counted"), Some("counted"))
+    );
     assert_eq!(l["world"]["used"], 600);
     assert_eq!(l["world"]["ratio"], 0.6);
     assert_eq!(l["world"]["allocation"], 1000);
@@ -245,7 +249,7 @@ fn a_key_the_ledger_does_not_track_is_not_tracked_never_zero() {
     assert_eq!(l["status"], "not_tracked");
     let east = region(l, "east");
     assert!(east["used"].is_null(), "not 0: {east}");
-    assert_eq!(east["tracked"], false);
+    assert_eq!(east["figure"], "not_tracked");
     // How old the region's counts are is still known; the allocation is
     // the rule's split that serves the key.
     assert_eq!(east["age_ms"], 1_000);
@@ -277,6 +281,33 @@ fn a_key_the_ledger_does_not_track_is_not_tracked_never_zero() {
         49_000,
         "from the period before"
     );
+}
+
+#[test]
+fn a_region_whose_pods_did_not_report_the_key_has_no_figure_and_one_some_did_is_partial() {
+    // Customer 7: reported by e-0 only; e-1 and west reported the period
+    // without it (no hits, or not among their busiest: unknown).
+    let a = answer(
+        &customer("7"),
+        &ledger(),
+        &Overrides::default(),
+        T0 + 13_000,
+    );
+    let l = &a["limits"][0];
+    assert_eq!(l["status"], "tracked");
+    let east = region(l, "east");
+    assert_eq!(
+        (east["figure"].as_str(), east["used"].as_u64()),
+        (Some("partial"), Some(50))
+    );
+    assert_eq!(
+        (east["pods"].as_u64(), east["pods_with_key"].as_u64()),
+        (Some(2), Some(1))
+    );
+    let west = region(l, "west");
+    assert_eq!(west["figure"], "not_reported");
+    assert!(west["used"].is_null(), "unknown, not 0: {west}");
+    assert_eq!(l["world"]["used"], 50);
 }
 
 #[test]

@@ -95,7 +95,8 @@ function renderUsage(a) {
       continue;
     }
     for (const r of l.regions || []) {
-      const used = r.used !== null ? fmt(r.used) : r.reported_this_period ? "not tracked" : "not reported";
+      const used = { counted: fmt(r.used), partial: fmt(r.used) + " (some pods)", not_tracked: "not tracked",
+        not_reported: "not reported by its pods" }[r.figure] || "no report this period";
       rows.push({ cells: [l.limit_id, r.region, used, fmt(r.allocation), fmt(l.key_limit), o, "—", age(r.age_ms)], region: r.region });
     }
     const w = l.world || {};
