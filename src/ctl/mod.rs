@@ -13,6 +13,7 @@ mod overrides;
 mod render;
 mod reset;
 mod top;
+mod usage;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -127,6 +128,16 @@ enum CtlCommand {
     Reset(reset::ResetArgs),
     /// Show a reset and every region's answer.
     ResetStatus { id: u64 },
+    /// How much of its limit a key used, per region and world-wide.
+    ///
+    /// `usage --domain api customer=42`: for each limit of the rule the
+    /// descriptor resolves to, per region the hits admitted in the current
+    /// period (from the leader's world ledger, which tracks the busiest
+    /// keys: a quiet key is "not tracked"), the region's allocation for the
+    /// key, the limit, the override if any and how old the figure is.
+    /// `usage top [--rule R] [-n 10]`: the keys closest to or over their
+    /// limit world-wide.
+    Usage(usage::UsageArgs),
     /// A live view of allocations and rejections per region, redrawn in place.
     ///
     /// Reads the leader (consistent reads), which counts the hits the
@@ -378,6 +389,7 @@ async fn dispatch(args: CtlArgs) -> Result<(), CtlError> {
         CtlCommand::Overrides { command } => overrides::run(&client, output, command).await,
         CtlCommand::Reset(args) => reset::run(&client, output, args).await,
         CtlCommand::ResetStatus { id } => reset::status(&client, output, id).await,
+        CtlCommand::Usage(u) => usage::run(&client, output, u).await,
         CtlCommand::Top(t) => top::run(&client, output, t.interval, t.window, t.once).await,
         CtlCommand::Completions { .. } => Ok(()),
     }

@@ -13,6 +13,9 @@
 //! - every chart has a table; every control is reachable by keyboard;
 //! - the world ledger draws each period's world-wide admitted with L and
 //!   the stated bound as lines, on the leader's page and a follower's;
+//! - the Usage section's top-keys table lists the test's key against L,
+//!   and its button and the search form show the key's use per region and
+//!   world-wide;
 //! - a drain drill is drawn as a band on the allocation chart and listed
 //!   in the Drills table; its report page (`#drill=N`) shows its mode,
 //!   region, note (as text) and timeline; once stopped the table says so.
@@ -309,6 +312,124 @@ async fn assert_ledger_drawn(page: &Client, whose: &str) {
     eprintln!("ledger on {whose}'s page: {drawn}");
 }
 
+/// The Usage section: the rule's top-keys table lists the test's key
+/// (acme, checked by rule name and key) with its use of L; its button
+/// shows the key's use per region and world-wide; a search by domain,
+/// rule name and key shows the same rows.
+async fn assert_usage_shown(page: &Client) {
+    let top = wait_js(
+        page,
+        &format!(
+            "{NUMS}
+             const t = document.querySelector('#usage-top table[data-rule=\"{RULE}\"]');
+             const r = t && t.querySelector('tbody tr[data-key=\"acme\"]');
+             if (!r || !nums(r, 1, 3)) return null;
+             return [r.cells[0].textContent, nums(r, 1, 3), r.cells[3].textContent, t.querySelector('caption').textContent];"
+        ),
+        Duration::from_secs(15),
+        "acme in the rule's top-keys table",
+    )
+    .await;
+    assert_eq!(top[0], "acme", "{top}");
+    assert!(top[1][0].as_f64() > Some(0.0), "acme's use: {top}");
+    assert_eq!(top[1][1], L, "acme's limit is L: {top}");
+    assert!(top[2].as_str().is_some_and(|u| u.contains('%')), "{top}");
+    // Per region and world-wide: numbers for each region's use, its
+    // allocation, L and how old the figure is.
+    let rows = "const t = document.getElementById('usage-table');
+         if (t.dataset.key !== 'acme' || !t.tBodies[0]) return null;
+         const rows = {}; for (const tr of t.tBodies[0].rows) rows[tr.dataset.region] = [...tr.cells].map(c => c.textContent);
+         // A period's first reports may not carry the key yet: wait for its figures.
+         const counted = (r) => r && Number.isFinite(Number(r[2].replace(/,/g, '')));
+         if (!counted(rows.mumbai) || !counted(rows.hyderabad) || !counted(rows.world)) return null;
+         return { rows, caption: t.querySelector('caption').textContent };";
+    let check = |shown: &Value| {
+        let number = |v: &Value| {
+            v.as_str()
+                .and_then(|s| s.replace(',', "").parse::<f64>().ok())
+        };
+        for region in ["mumbai", "hyderabad", "world"] {
+            let r = &shown["rows"][region];
+            assert_eq!(r[0], RULE, "{region}: {shown}");
+            assert!(
+                number(&r[2]).is_some_and(|n| n > 0.0),
+                "{region}'s use: {shown}"
+            );
+            assert!(
+                number(&r[3]).is_some_and(|n| n > 0.0),
+                "{region}'s allocation: {shown}"
+            );
+            assert_eq!(number(&r[4]), Some(L as f64), "L for {region}: {shown}");
+        }
+        for region in ["mumbai", "hyderabad"] {
+            let age = shown["rows"][region][7].as_str().unwrap_or_default();
+            assert!(age.ends_with(" s"), "{region}'s age: {shown}");
+        }
+        assert!(
+            shown["rows"]["world"][6]
+                .as_str()
+                .is_some_and(|u| u.contains('%')),
+            "{shown}"
+        );
+        assert!(
+            shown["caption"]
+                .as_str()
+                .is_some_and(|c| c.contains("acme") && c.contains(RULE)),
+            "{shown}"
+        );
+    };
+    page.execute(
+        "document.querySelector('#usage-top tr[data-key=\"acme\"] button').click();",
+        vec![],
+    )
+    .await
+    .expect("click acme in the top keys");
+    let shown = wait_js(
+        page,
+        rows,
+        Duration::from_secs(10),
+        "acme's use per region, from the top keys",
+    )
+    .await;
+    check(&shown);
+    // The search form: domain, the rule's name and the key.
+    page.execute(
+        "const t = document.getElementById('usage-table'); t.replaceChildren(); delete t.dataset.key;
+         for (const id of ['usage-domain', 'usage-descriptor', 'usage-rule', 'usage-key']) document.getElementById(id).value = '';",
+        vec![],
+    )
+    .await
+    .expect("clear the search");
+    for (id, text) in [
+        ("usage-domain", "api"),
+        ("usage-rule", "fw"),
+        ("usage-key", "acme"),
+    ] {
+        page.find(Locator::Id(id))
+            .await
+            .expect(id)
+            .send_keys(text)
+            .await
+            .expect("type");
+    }
+    page.find(Locator::Id("usage-search"))
+        .await
+        .expect("the search button")
+        .click()
+        .await
+        .expect("click");
+    let shown = wait_js(
+        page,
+        rows,
+        Duration::from_secs(10),
+        "acme's use per region, from the search",
+    )
+    .await;
+    check(&shown);
+    eprintln!("usage on the page: {shown}");
+    screenshot("usage", &page.screenshot().await.expect("screenshot"));
+}
+
 /// The regions table's Live pods cell shows each region's one limiter,
 /// and the note says where the figure comes from.
 async fn assert_live_pods(page: &Client, whose: &str) {
@@ -484,6 +605,7 @@ async fn the_dashboard_draws_live_allocations_rolls_back_and_survives_restarts()
     assert_charts_drawn(&page).await;
     assert_live_pods(&page, "the leader").await;
     assert_ledger_drawn(&page, "the leader").await;
+    assert_usage_shown(&page).await;
     eprintln!(
         "per-region and world-wide charts and live pods checked in {:?}",
         charted.elapsed()
@@ -548,6 +670,11 @@ async fn the_dashboard_draws_live_allocations_rolls_back_and_survives_restarts()
         "token",
         "token-save",
         "token-forget",
+        "usage-domain",
+        "usage-descriptor",
+        "usage-rule",
+        "usage-key",
+        "usage-search",
         "rule-select",
         "key-select",
         "sum-alloc",

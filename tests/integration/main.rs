@@ -60,4 +60,5 @@ mod reset_regions;
 mod rules_cli;
 mod rules_diff_load;
 mod tracing_otlp;
+mod usage;
 mod watch_bounds;

@@ -58,6 +58,42 @@ impl PeriodFigure {
     }
 }
 
+/// One key's counts in one open period: what `GET /api/v1/usage` shows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyFigure {
+    /// The period's start, Unix ms.
+    pub start_ms: Millis,
+    /// The rule's period when it was measured.
+    pub period_ms: u64,
+    /// `L` when the period was measured.
+    pub limit: u64,
+    /// The key's world-wide admitted hits so far; `None` when the key is
+    /// not among the period's tracked keys (its count is unknown, not 0).
+    pub admitted: Option<u64>,
+    /// Every region that reported the period, by name.
+    pub regions: Vec<RegionKeyCount>,
+}
+
+/// One region's share of a [`KeyFigure`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct RegionKeyCount {
+    /// The region's name.
+    pub region: Arc<str>,
+    /// The sum of its pods' latest counts of the key (a pod that did not
+    /// report the key counts 0); `None` when the key is not tracked.
+    pub admitted: Option<u64>,
+    /// Pods of the region that reported the period.
+    pub pods: u32,
+    /// Of those, pods that reported the key.
+    pub pods_with_key: u32,
+    /// When the leader took the region's newest count of the period
+    /// (Unix ms, its clock).
+    pub newest_report_ms: Millis,
+    /// When it took the count of the pod heard least recently: the region's
+    /// figure is at most this old.
+    pub oldest_report_ms: Millis,
+}
+
 /// Reports (entries) the ledger did not take, by reason, since it started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Dropped {

@@ -71,9 +71,9 @@ mod tests;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-pub use self::figure::{Dropped, PeriodFigure};
+pub use self::figure::{Dropped, KeyFigure, PeriodFigure, RegionKeyCount};
 use self::period::{KeyCount, OpenPeriod, PodCounts, Tracked};
-pub use self::rule::RuleLedger;
+pub use self::rule::{KeyCounts, RuleLedger};
 pub use self::terms::Terms;
 use super::Millis;
 use super::global_rule::GlobalRule;

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::figure::PeriodFigure;
+use super::figure::{KeyFigure, PeriodFigure, RegionKeyCount};
 use super::terms::Terms;
 use super::{MAX_KEYS, MAX_PODS_PER_REGION};
 use crate::allocation::Millis;
@@ -30,6 +30,9 @@ pub(super) struct PodCounts {
     pub(super) keys: Vec<KeyCount>,
     /// Heard after the period ended: these counts are final.
     pub(super) settled: bool,
+    /// When the leader last took a count of this pod for the period (its
+    /// clock, Unix ms): how old the pod's counts are.
+    pub(super) heard_ms: Millis,
 }
 
 impl PodCounts {
@@ -172,14 +175,63 @@ impl OpenPeriod {
         keys
     }
 
+    /// One key's counts, world-wide and per region, with how old each
+    /// region's pods' counts are; every region that reported the period
+    /// is listed, with `admitted: None` when the key is not tracked.
+    pub(super) fn key_figure(&self, start_ms: Millis, key: &str) -> KeyFigure {
+        let tracked = self
+            .keys
+            .iter()
+            .enumerate()
+            .find(|(_, k)| &*k.key == key)
+            .map(|(slot, k)| (slot, k.generation, k.total));
+        let regions = self
+            .pods
+            .iter()
+            .map(|(region, pods)| {
+                let mut out = RegionKeyCount {
+                    region: Arc::clone(region),
+                    admitted: tracked.map(|_| 0),
+                    pods: u32::try_from(pods.len()).unwrap_or(u32::MAX),
+                    pods_with_key: 0,
+                    newest_report_ms: Millis::MIN,
+                    oldest_report_ms: Millis::MAX,
+                };
+                for p in pods.values() {
+                    out.newest_report_ms = out.newest_report_ms.max(p.heard_ms);
+                    out.oldest_report_ms = out.oldest_report_ms.min(p.heard_ms);
+                    if let Some((slot, generation, _)) = tracked
+                        && let Some(k) = p
+                            .keys
+                            .iter()
+                            .find(|k| usize::from(k.slot) == slot && k.generation == generation)
+                    {
+                        out.pods_with_key += 1;
+                        out.admitted = out.admitted.map(|n| n.saturating_add(k.count));
+                    }
+                }
+                out
+            })
+            .collect();
+        KeyFigure {
+            start_ms,
+            period_ms: self.terms.period_ms,
+            limit: self.terms.limit,
+            admitted: tracked.map(|(_, _, total)| total),
+            regions,
+        }
+    }
+
     /// Takes one pod's count (`slot`: of a tracked key, else the whole
-    /// rule's), replacing the pod's previous one.
+    /// rule's), replacing the pod's previous one; `now` is when it was
+    /// taken.
     pub(super) fn take(
         &mut self,
         counts_at: (&Arc<str>, &str),
         slot: Option<usize>,
         count: u64,
         settled: bool,
+        now: Millis,
     ) {
         let (region, pod) = counts_at;
         let Some(counts) = self
@@ -190,6 +242,7 @@ impl OpenPeriod {
             return;
         };
         counts.settled |= settled;
+        counts.heard_ms = counts.heard_ms.max(now);
         match slot {
             None => {
                 self.all_total = self

@@ -4,11 +4,14 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
-use super::figure::{Dropped, PeriodFigure};
+use super::figure::{Dropped, KeyFigure, PeriodFigure};
 use super::period::OpenPeriod;
 use super::terms::Terms;
 use super::{HOUR_MS, MAX_FINISHED, OPEN_PERIODS, PeriodAdmitted, final_wait_ms};
 use crate::allocation::Millis;
+
+/// Tracked keys with their world-wide counts, busiest first.
+pub type KeyCounts = Vec<(Arc<str>, u64)>;
 
 /// One rule's open periods and history.
 #[derive(Debug)]
@@ -99,6 +102,7 @@ impl RuleLedger {
             slot,
             a.admitted,
             now >= start.saturating_add(p),
+            now,
         );
     }
 
@@ -165,6 +169,30 @@ impl RuleLedger {
             .get(&(now.div_euclid(p) * p))
             .map(|period| period.top_keys(n))
             .unwrap_or_default()
+    }
+
+    /// The start of the period containing `now`.
+    pub fn period_start(&self, now: Millis) -> Millis {
+        let p = self.period().max(1);
+        now.div_euclid(p) * p
+    }
+
+    /// `key`'s counts in the open period that starts at `start_ms`;
+    /// `None` when that period is not open (no pod reported it yet, or it
+    /// is final and only its busiest key's figure is kept).
+    pub fn key_figure(&self, key: &str, start_ms: Millis) -> Option<KeyFigure> {
+        self.open
+            .get(&start_ms)
+            .map(|period| period.key_figure(start_ms, key))
+    }
+
+    /// Every open period that began by `now`, oldest first: its start and
+    /// its tracked keys with their world-wide counts, busiest first.
+    pub fn tracked_keys(&self, now: Millis) -> Vec<(Millis, KeyCounts)> {
+        self.open
+            .range(..=now)
+            .map(|(start, period)| (*start, period.top_keys(usize::MAX)))
+            .collect()
     }
 
     /// Finished periods, oldest first.

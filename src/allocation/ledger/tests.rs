@@ -386,3 +386,66 @@ fn a_new_key_busier_than_the_least_tracked_takes_its_slot() {
     let f = rule.current(T0 + 300);
     assert_eq!((f.keys as usize, f.admitted), (MAX_KEYS, 500));
 }
+
+#[test]
+fn a_keys_figure_sums_its_pods_per_region_says_how_old_and_not_tracked_is_not_zero() {
+    let (mut ledger, rules) = sliding();
+    let at = |ms| T0 + ms;
+    let report = |ledger: &mut Ledger, region, pod, counts: &[(&str, u64)], now| {
+        let mut admitted = vec![counted("api|sw", None, T0, 0)];
+        admitted.extend(
+            counts
+                .iter()
+                .map(|(key, n)| counted("api|sw", Some(key), T0, *n)),
+        );
+        ledger.record(region, pod, &admitted, &rules, now);
+    };
+    report(
+        &mut ledger,
+        "east",
+        "e-0",
+        &[("acme", 10), ("bolt", 3)],
+        at(200),
+    );
+    report(&mut ledger, "east", "e-1", &[("acme", 5)], at(700));
+    report(&mut ledger, "west", "w-0", &[("bolt", 4)], at(900));
+    let rule = ledger.rule("api|sw").expect("rule");
+    assert_eq!(rule.period_start(at(1_500)), T0);
+    let acme = rule.key_figure("acme", T0).expect("the period is open");
+    assert_eq!(
+        (acme.admitted, acme.limit, acme.period_ms),
+        (Some(15), 100, 2_000)
+    );
+    let east = &acme.regions[0];
+    assert_eq!(&*east.region, "east");
+    assert_eq!(
+        (east.admitted, east.pods, east.pods_with_key),
+        (Some(15), 2, 2)
+    );
+    assert_eq!(
+        (east.newest_report_ms, east.oldest_report_ms),
+        (at(700), at(200))
+    );
+    // West reported the period but not acme: 0 of a tracked key, said so.
+    let west = &acme.regions[1];
+    assert_eq!(
+        (west.admitted, west.pods, west.pods_with_key),
+        (Some(0), 1, 0)
+    );
+    // A key no pod reported is not tracked: no count, not 0.
+    let none = rule.key_figure("zed", T0).expect("the period is open");
+    assert_eq!(none.admitted, None);
+    assert!(none.regions.iter().all(|r| r.admitted.is_none()));
+    assert_eq!(
+        none.regions.len(),
+        2,
+        "the regions still say how old they are"
+    );
+    // A period no pod reported is not open.
+    assert!(rule.key_figure("acme", T0 + 2_000).is_none());
+    // Open periods that began, with their keys, busiest first.
+    let keys = rule.tracked_keys(at(1_500));
+    assert_eq!(keys.len(), 1);
+    let listed: Vec<(&str, u64)> = keys[0].1.iter().map(|(k, n)| (&**k, *n)).collect();
+    assert_eq!((keys[0].0, listed), (T0, vec![("acme", 15), ("bolt", 7)]));
+}

@@ -37,6 +37,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("drills.js", SCRIPT, include_str!("../dashboard/drills.js")),
     ("panels.js", SCRIPT, include_str!("../dashboard/panels.js")),
     ("ledger.js", SCRIPT, include_str!("../dashboard/ledger.js")),
+    ("usage.js", SCRIPT, include_str!("../dashboard/usage.js")),
     ("app.js", SCRIPT, include_str!("../dashboard/app.js")),
 ];
 

@@ -7,7 +7,7 @@
 //!
 //! One file per resource: `rules.rs` (its diffs computed and kept by
 //! `rule_diffs.rs`), `regions.rs`, `overrides.rs`, `resets.rs`, `allocations.rs`,
-//! `history.rs`, `ledger.rs`, `cluster.rs`, `events.rs`; the dashboard's page is
+//! `history.rs`, `ledger.rs`, `usage.rs`, `cluster.rs`, `events.rs`; the dashboard's page is
 //! `dashboard.rs`; the route table below names every endpoint.
 
 mod allocations;
@@ -27,6 +27,7 @@ mod regions;
 mod resets;
 mod rule_diffs;
 mod rules;
+mod usage;
 mod write;
 
 use std::sync::Arc;
@@ -119,6 +120,8 @@ pub fn router(api: Api) -> Router {
         .route("/api/v1/leases", get(allocations::get_leases))
         .route("/api/v1/history", get(history::get_history))
         .route("/api/v1/ledger", get(ledger::get_ledger))
+        .route("/api/v1/usage", get(usage::get_usage))
+        .route("/api/v1/usage/top", get(usage::get_top))
         .route("/api/v1/events", get(events::events))
         .route("/api/v1/cluster", get(cluster::cluster))
         .route("/api/v1/cluster/nodes", post(cluster::add_node))

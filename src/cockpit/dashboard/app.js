@@ -187,6 +187,10 @@ function init() {
   setInterval(() => { if (state.update) loadPods().catch(showError); }, 5000);
   // Periods end by the clock, not by epochs: look at the ledger every 2 s.
   setInterval(() => loadLedger().catch(showError), 2000);
+  // Usage too: the key searched for and the top keys, every 2 s.
+  startUsage();
+  loadUsage().catch(showError);
+  setInterval(() => loadUsage().catch(showError), 2000);
   follow();
 }
 
