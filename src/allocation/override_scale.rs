@@ -12,33 +12,42 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use super::leader::PodReport;
+use crate::overrides::Override;
 
 /// The override of each overridden key of a global rule, by rule and key.
 #[derive(Debug, Default)]
 pub struct OverrideScale {
     version: Option<u64>,
+    /// When the first override held lapses: the set must be taken again
+    /// then, as limiters stop enforcing it by themselves.
+    valid_until_ms: Option<i64>,
     by_rule: HashMap<String, HashMap<String, u64>>,
 }
 
 impl OverrideScale {
-    /// The override set's version these come from (`None`: never set).
-    pub fn version(&self) -> Option<u64> {
-        self.version
+    /// Whether the overrides held are those of set `version` in force at `now`.
+    pub fn is_current(&self, version: u64, now_ms: i64) -> bool {
+        self.version == Some(version) && self.valid_until_ms.is_none_or(|t| now_ms < t)
     }
 
-    /// Holds `overrides` (rule, key, limit) of set `version` from now on.
+    /// Holds the overrides of set `version` in force at `now` from now on.
     pub fn set<'a>(
         &mut self,
         version: u64,
-        overrides: impl IntoIterator<Item = (&'a str, &'a str, u64)>,
+        overrides: impl IntoIterator<Item = &'a Override>,
+        now_ms: i64,
     ) {
         self.version = Some(version);
+        self.valid_until_ms = None;
         self.by_rule.clear();
-        for (rule, key, limit) in overrides {
+        for o in overrides.into_iter().filter(|o| o.live_at(now_ms)) {
+            if let Some(t) = o.expires_at_unix_ms {
+                self.valid_until_ms = Some(self.valid_until_ms.map_or(t, |v| v.min(t)));
+            }
             self.by_rule
-                .entry(rule.to_owned())
+                .entry(o.rule.clone())
                 .or_default()
-                .insert(key.to_owned(), limit.max(1));
+                .insert(o.key.clone(), o.limit.max(1));
         }
     }
 
@@ -134,8 +143,24 @@ mod tests {
         };
         let limit = |_: &str| Some(100);
         assert!(matches!(scale.normalize(&report, limit), Cow::Borrowed(_)));
-        scale.set(3, [("api|customer", "customer=42", 300)]);
-        assert_eq!(scale.version(), Some(3));
+        let o = |key: &str, expires| Override {
+            domain: "api".into(),
+            entries: Vec::new(),
+            rule: "api|customer".into(),
+            rule_name: None,
+            key: key.into(),
+            limit: 300,
+            burst: None,
+            expires_at_unix_ms: expires,
+            reason: String::new(),
+            set_by: String::new(),
+            set_at_unix_ms: 0,
+        };
+        let held = [o("customer=42", Some(5_000)), o("customer=41", Some(1_000))];
+        scale.set(3, &held, 2_000);
+        assert!(scale.is_current(3, 4_999));
+        assert!(!scale.is_current(3, 5_000), "42's expiry moves the set");
+        assert!(!scale.is_current(4, 2_000));
         let n = scale.normalize(&report, limit);
         assert_eq!(n.rules[0].keys[0].asked, 300, "900 of 300 = 300 of 100");
         assert_eq!(n.rules[0].keys[1].asked, 90, "not overridden");

@@ -132,7 +132,7 @@ impl Allocator {
             );
         }
         refresh_rules(&mut guard.leader, &applied.registry);
-        refresh_overrides(&mut guard.leader, &applied.registry);
+        refresh_overrides(&mut guard.leader, &applied.registry, now);
         Some(guard)
     }
 
@@ -621,19 +621,16 @@ fn region_defs(registry: &Registry) -> Vec<RegionDef> {
 
 /// Gives the leader the global rules of the enforced rule-set version when
 /// that version changed.
-/// Gives the leader the override set when its version moved.
-fn refresh_overrides(leader: &mut Leader, registry: &Registry) {
+/// Gives the leader the overrides in force when the set's version moved or
+/// one of them lapsed.
+fn refresh_overrides(leader: &mut Leader, registry: &Registry, now: Millis) {
     let overrides = &registry.overrides;
-    if leader.overrides_mut().version() == Some(overrides.version) {
+    if leader.overrides_mut().is_current(overrides.version, now) {
         return;
     }
-    leader.overrides_mut().set(
-        overrides.version,
-        overrides
-            .by_id
-            .values()
-            .map(|o| (o.rule.as_str(), o.key.as_str(), o.limit)),
-    );
+    leader
+        .overrides_mut()
+        .set(overrides.version, overrides.by_id.values(), now);
 }
 
 fn refresh_rules(leader: &mut Leader, registry: &Registry) {

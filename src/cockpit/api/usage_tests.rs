@@ -137,6 +137,7 @@ fn override_of(key: &str, limit: u64, expires: Option<i64>) -> Override {
             key.trim_start_matches("customer=").into(),
         )],
         rule: "api|customer".into(),
+        rule_name: None,
         key: key.into(),
         limit,
         burst: None,
