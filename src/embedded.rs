@@ -54,6 +54,25 @@ use crate::rules::{RuleErrors, RuleFile, RuleSet};
 use crate::store::RedisStore;
 use crate::store::{AnyStore, MemoryStore, StoreError};
 
+/// One key's own limit for [`Limiter::set_overrides`]: a descriptor (or a
+/// rule name and a key, as [`Limiter::check_rule`] addresses it) and the
+/// limit per the rule's period.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyOverride<'a> {
+    /// The descriptor's domain.
+    pub domain: &'a str,
+    /// The descriptor's entries; empty with `rule` + `key`.
+    pub descriptor: &'a [(&'a str, &'a str)],
+    /// The rule the descriptor must resolve to, or with `key` the rule's name.
+    pub rule: Option<&'a str>,
+    /// The key as checks by rule name give it.
+    pub key: Option<&'a str>,
+    /// Requests per the rule's period.
+    pub limit: u64,
+    /// A token or leaky bucket's burst (default: the limit).
+    pub burst: Option<u64>,
+}
+
 /// An in-process rate limiter built from rules and a store.
 pub struct Limiter {
     inner: service::Service,
@@ -166,6 +185,43 @@ impl Limiter {
             .map(|&(k, v)| (k.to_owned(), v.to_owned()))
             .collect();
         self.inner.reset(domain, &entries, rule).await
+    }
+
+    /// Gives keys their own limits under their rules, replacing the ones
+    /// given before (what `meridian ctl overrides` does for the service):
+    /// each [`KeyOverride`]'s descriptor resolves to its rule and key as a
+    /// check's would, and checks of that key are held to the override's
+    /// limit (and burst) with the rule's algorithm and period. A check by
+    /// rule name counts the key as given, a descriptor check its entries:
+    /// give the form the checks use. Refused whole, naming the override and
+    /// field, when one does not resolve or its numbers do not fit the rule.
+    pub fn set_overrides(&self, overrides: &[KeyOverride<'_>]) -> Result<(), InvalidInput> {
+        let rules = self.inner.rules.current();
+        let now = crate::clock::now_unix_ms();
+        let mut held = Vec::with_capacity(overrides.len());
+        for o in overrides {
+            let proposed = crate::overrides::Proposed {
+                domain: o.domain.to_owned(),
+                entries: o
+                    .descriptor
+                    .iter()
+                    .map(|&(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect(),
+                rule: o.rule.map(str::to_owned),
+                key: o.key.map(str::to_owned),
+                limit: o.limit,
+                burst: o.burst,
+                expires_at_unix_ms: None,
+                reason: String::new(),
+            };
+            held.push(crate::overrides::resolve(&rules, &proposed, 0.0, "library", now)?);
+        }
+        let version = self.inner.overrides.current().version + 1;
+        self.inner
+            .overrides
+            .replace(crate::overrides::OverrideIndex::new(version, &held));
+        self.inner.engine.rules_changed();
+        Ok(())
     }
 
     /// Sends the approximate path's unflushed hits to Redis now.
