@@ -179,7 +179,10 @@ impl Client {
             match &body {
                 Payload::None => {}
                 Payload::Json(body) => request = request.json(body),
-                Payload::Raw { bytes, content_type } => {
+                Payload::Raw {
+                    bytes,
+                    content_type,
+                } => {
                     request = request
                         .header(reqwest::header::CONTENT_TYPE, *content_type)
                         .body(bytes.clone());

@@ -331,7 +331,9 @@ fn list(body: &Value) -> String {
         return "no overrides: meridian ctl overrides set --domain D KEY=VALUE --limit N\n".into();
     }
     render::table(
-        &["DOMAIN", "KEY", "RULE", "LIMIT", "EXPIRES", "SET BY", "REASON"],
+        &[
+            "DOMAIN", "KEY", "RULE", "LIMIT", "EXPIRES", "SET BY", "REASON",
+        ],
         &rows,
     )
 }

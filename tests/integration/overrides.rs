@@ -253,9 +253,7 @@ async fn an_override_on_a_global_rule_raises_one_customer_world_wide_and_is_remo
     );
     assert_eq!(body["override"]["rule"], RULE, "{body}");
     assert_eq!(body["override"]["key"], "customer=42", "{body}");
-    let took = probe
-        .wait(c42, overridden, Duration::from_secs(5))
-        .await;
+    let took = probe.wait(c42, overridden, Duration::from_secs(5)).await;
     eprintln!(
         "customer=42 → {RAISED}: enforced in both regions {:.0} ms after the answer; limits {:?}",
         millis(took),
@@ -327,7 +325,12 @@ async fn an_override_on_a_global_rule_raises_one_customer_world_wide_and_is_remo
         "removal took {took:?} to reach both regions"
     );
     for region in &world.regions {
-        assert_eq!(held(&region.limiter).await, 0, "{} holds overrides", region.name);
+        assert_eq!(
+            held(&region.limiter).await,
+            0,
+            "{} holds overrides",
+            region.name
+        );
     }
 
     // A short ttl lapses on time in both regions, by the limiters' own clock.
@@ -382,8 +385,16 @@ async fn an_override_on_a_global_rule_raises_one_customer_world_wide_and_is_remo
         first_plain.unwrap_or(i64::MAX)
     );
     assert!(live > 0 && lapsed > 0, "{samples:?}");
-    let shown = list(&world.cluster, leader, "domain=api&descriptor=customer%3D44").await;
-    assert_eq!(shown["count"], 0, "an expired override is not listed: {shown}");
+    let shown = list(
+        &world.cluster,
+        leader,
+        "domain=api&descriptor=customer%3D44",
+    )
+    .await;
+    assert_eq!(
+        shown["count"], 0,
+        "an expired override is not listed: {shown}"
+    );
     let shown = list(
         &world.cluster,
         leader,
@@ -497,12 +508,17 @@ async fn an_override_survives_a_leader_kill_a_rules_rollback_and_a_limiter_resta
     probe
         .wait(t7, |l| l == TENANT, Duration::from_secs(5))
         .await;
-    eprintln!("after the leader kill: node {new_leader} leads, the overrides are listed and enforced");
+    eprintln!(
+        "after the leader kill: node {new_leader} leads, the overrides are listed and enforced"
+    );
 
     // Rules v2 (tenant 120), then rolled back: the rule's limit is back, the
     // overrides were not touched.
     let (status, body) = world.cluster.put_text(new_leader, &rules(120)).await;
-    assert!((200..300).contains(&status), "PUT rules v2: {status} {body}");
+    assert!(
+        (200..300).contains(&status),
+        "PUT rules v2: {status} {body}"
+    );
     probe.wait(t8, |l| l == 120, Duration::from_secs(5)).await;
     let (status, body) = world
         .cluster
@@ -532,8 +548,16 @@ async fn an_override_survives_a_leader_kill_a_rules_rollback_and_a_limiter_resta
     mumbai.start_again();
     let limiter = &world.regions[0].limiter;
     let mut probe = Probe::connect(&world).await;
-    assert_eq!(probe.limit(0, t7).await, Some(TENANT), "tenant=7 after the restart");
-    assert_eq!(probe.limit(0, t8).await, Some(L), "tenant=8 after the restart");
+    assert_eq!(
+        probe.limit(0, t7).await,
+        Some(TENANT),
+        "tenant=7 after the restart"
+    );
+    assert_eq!(
+        probe.limit(0, t8).await,
+        Some(L),
+        "tenant=8 after the restart"
+    );
     assert_eq!(held(limiter).await, 3, "overrides held after the restart");
     eprintln!(
         "restarted without a coordinator: tenant=7 {:?}, customer=42 {:?}",
@@ -547,7 +571,10 @@ async fn an_override_survives_a_leader_kill_a_rules_rollback_and_a_limiter_resta
         .await
         .expect("the restarted limiter answers");
     let admitted = decisions.iter().filter(|d| d.allowed).count() as u64;
-    assert_eq!(admitted, TENANT, "tenant=7 admitted in one window after the restart");
+    assert_eq!(
+        admitted, TENANT,
+        "tenant=7 admitted in one window after the restart"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -597,15 +624,25 @@ async fn bad_overrides_are_refused_naming_the_field_and_a_bad_import_row_changes
             "expires_at_unix_ms",
         ),
         ("a ttl of nothing", with("ttl", json!("0s")), "ttl"),
-        ("a ttl that is no duration", with("ttl", json!("-3s")), "ttl"),
-        ("a reason too long", with("reason", json!("x".repeat(300))), "reason"),
+        (
+            "a ttl that is no duration",
+            with("ttl", json!("-3s")),
+            "ttl",
+        ),
+        (
+            "a reason too long",
+            with("reason", json!("x".repeat(300))),
+            "reason",
+        ),
     ];
     let mut wrong = Vec::new();
     for (what, body, field) in cases {
         let (status, answer) = put_override(&cluster, leader, body).await;
         eprintln!("{what}: {status} {answer}");
         if status != 422 || answer["field"] != field {
-            wrong.push(format!("{what}: want 422 naming {field:?}, got {status} {answer}"));
+            wrong.push(format!(
+                "{what}: want 422 naming {field:?}, got {status} {answer}"
+            ));
         }
     }
     assert_eq!(
@@ -632,48 +669,85 @@ async fn bad_overrides_are_refused_naming_the_field_and_a_bad_import_row_changes
         held_before,
         "a refused import changed the set"
     );
-    assert!(wrong.is_empty(), "refused without naming the field:\n{}", wrong.join("\n"));
+
+    // One row past the bound is refused whole, naming the bound.
+    let (status, answer) = import_csv(&cluster, leader, bulk_csv(0..BOUND + 1)).await;
+    let shown = answer["error"].as_str().unwrap_or_default();
+    eprintln!("import of {} rows: {status} {shown}", BOUND + 1);
+    assert_eq!(status, 422, "{answer}");
+    assert!(
+        shown.contains(&BOUND.to_string()),
+        "the bound is named: {answer}"
+    );
+    assert_eq!(
+        list(&cluster, leader, "").await,
+        held_before,
+        "an import past the bound changed the set"
+    );
+    assert!(
+        wrong.is_empty(),
+        "refused without naming the field:\n{}",
+        wrong.join("\n")
+    );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_hundred_thousand_overrides_import_in_one_commit_propagate_and_are_enforced() {
-    const N: usize = 100_000;
-    let world = World::start(&rules(L), &REGIONS).await;
-    world.wait_allocated(RULE, Duration::from_secs(20)).await;
-    let leader = world.cluster.wait_leader(Duration::from_secs(20)).await;
-    let mut probe = Probe::connect(&world).await;
-    let coordinator_pid = world.cluster.node(leader).pid().expect("the leader runs");
-    let limiter_pid = world.regions[0].limiter.pid();
-    let (coordinator_before, limiter_before) = (rss_kb(coordinator_pid), rss_kb(limiter_pid));
+/// Most overrides a cluster holds (`meridian::overrides::MAX_OVERRIDES`).
+const BOUND: usize = 100_000;
 
-    let mut csv = String::with_capacity(N * 40);
+/// CSV of overrides `customer=c<i>` for every `i` in `rows`, each above
+/// `3 L` so that it shows as [`overridden`].
+fn bulk_csv(rows: std::ops::Range<usize>) -> String {
+    let mut csv = String::with_capacity(rows.len() * 40);
     csv.push_str("domain,descriptor,limit,reason\n");
-    for i in 0..N {
-        csv.push_str(&format!("api,customer=c{i},{},billing sync\n", 10 * L + i as u64 % 100));
+    for i in rows {
+        csv.push_str(&format!(
+            "api,customer=c{i},{},billing sync\n",
+            10 * L + i as u64 % 100
+        ));
     }
-    let bytes = csv.len();
-    let started = Instant::now();
-    let body = accepted("import", import_csv(&world.cluster, leader, csv).await);
-    let imported = started.elapsed();
-    assert_eq!(body["imported"].as_u64(), Some(N as u64), "{body}");
-    eprintln!(
-        "import of {N} overrides ({:.1} MB of CSV, one commit, version {}): {:.1} s",
-        bytes as f64 / 1e6,
-        body["version"],
-        imported.as_secs_f64()
-    );
+    csv
+}
 
-    let answered = Instant::now();
+/// What a bulk load is measured against: the leader coordinator's and a
+/// limiter's RSS before it.
+struct Before {
+    leader: u64,
+    coordinator_pid: u32,
+    limiter_pid: u32,
+    coordinator_kb: u64,
+    limiter_kb: u64,
+}
+
+impl Before {
+    async fn take(world: &World) -> Before {
+        let leader = world.cluster.wait_leader(Duration::from_secs(20)).await;
+        let coordinator_pid = world.cluster.node(leader).pid().expect("the leader runs");
+        let limiter_pid = world.regions[0].limiter.pid();
+        Before {
+            leader,
+            coordinator_pid,
+            limiter_pid,
+            coordinator_kb: rss_kb(coordinator_pid),
+            limiter_kb: rss_kb(limiter_pid),
+        }
+    }
+}
+
+/// After [`BOUND`] overrides were imported (the last answer at
+/// `answered`): waits until both limiters hold them all, checks that one is
+/// enforced and a key without one is not, prints the propagation time and
+/// the RSS growth, and asserts generous bounds.
+async fn held_propagated_and_enforced(world: &World, before: &Before, answered: Instant) {
     let mut done = vec![None; world.regions.len()];
     while done.iter().any(Option::is_none) {
         for (i, region) in world.regions.iter().enumerate() {
-            if done[i].is_none() && held(&region.limiter).await == N as u64 {
+            if done[i].is_none() && held(&region.limiter).await == BOUND as u64 {
                 done[i] = Some(answered.elapsed());
             }
         }
         assert!(
             answered.elapsed() < Duration::from_secs(30),
-            "not every limiter holds {N} overrides 30 s after the import: {done:?}"
+            "not every limiter holds {BOUND} overrides 30 s after the import: {done:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -682,38 +756,76 @@ async fn a_hundred_thousand_overrides_import_in_one_commit_propagate_and_are_enf
         "held by both limiters {:.1} s after the import's answer ({done:?})",
         propagated.as_secs_f64()
     );
+    let mut probe = Probe::connect(world).await;
     let took = probe
         .wait(("customer", "c77777"), overridden, Duration::from_secs(5))
         .await;
     eprintln!("customer=c77777 enforced in both regions ({took:?} after they held the set)");
+    let others = probe.limits(("customer", "other")).await;
     assert!(
-        probe.limits(("customer", "other")).await.iter().all(|l| l.is_some_and(plain)),
-        "a key without an override keeps the rule's limit"
+        others.iter().all(|l| l.is_some_and(plain)),
+        "a key without an override keeps the rule's limit: {others:?}"
     );
-    let shown = list(&world.cluster, leader, "domain=api&descriptor=customer%3Dc77777").await;
+    let shown = list(
+        &world.cluster,
+        before.leader,
+        "domain=api&descriptor=customer%3Dc77777",
+    )
+    .await;
     assert_eq!(shown["count"], 1, "{shown}");
 
-    let (coordinator_after, limiter_after) = (rss_kb(coordinator_pid), rss_kb(limiter_pid));
-    let per = |before: u64, after: u64| after.saturating_sub(before) as f64 * 1024.0 / N as f64;
+    let coordinator_kb = rss_kb(before.coordinator_pid);
+    let limiter_kb = rss_kb(before.limiter_pid);
+    let per = |before: u64, after: u64| after.saturating_sub(before) as f64 * 1024.0 / BOUND as f64;
     eprintln!(
-        "RSS growth for {N} overrides: leader coordinator {} → {} MB ({:.0} bytes each), \
+        "RSS growth for {BOUND} overrides: leader coordinator {} → {} MB ({:.0} bytes each), \
          limiter {} → {} MB ({:.0} bytes each)",
-        coordinator_before / 1024,
-        coordinator_after / 1024,
-        per(coordinator_before, coordinator_after),
-        limiter_before / 1024,
-        limiter_after / 1024,
-        per(limiter_before, limiter_after)
+        before.coordinator_kb / 1024,
+        coordinator_kb / 1024,
+        per(before.coordinator_kb, coordinator_kb),
+        before.limiter_kb / 1024,
+        limiter_kb / 1024,
+        per(before.limiter_kb, limiter_kb)
     );
-    assert!(imported < Duration::from_secs(30), "import took {imported:?}");
     assert!(propagated < Duration::from_secs(30));
-    // Generous: a debug build, allocator slack, the import body parsed whole.
+    // Generous: a debug build, allocator slack, import bodies parsed whole.
     assert!(
-        coordinator_after.saturating_sub(coordinator_before) < 1024 * 1024,
+        coordinator_kb.saturating_sub(before.coordinator_kb) < 1024 * 1024,
         "the coordinator grew by more than 1 GB"
     );
     assert!(
-        limiter_after.saturating_sub(limiter_before) < 512 * 1024,
+        limiter_kb.saturating_sub(before.limiter_kb) < 512 * 1024,
         "the limiter grew by more than 512 MB"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hundred_thousand_overrides_import_in_one_commit_propagate_and_are_enforced() {
+    let world = World::start(&rules(L), &REGIONS).await;
+    world.wait_allocated(RULE, Duration::from_secs(20)).await;
+    let before = Before::take(&world).await;
+    let csv = bulk_csv(0..BOUND);
+    let bytes = csv.len();
+    let started = Instant::now();
+    let (status, body) = import_csv(&world.cluster, before.leader, csv).await;
+    let imported = started.elapsed();
+    assert_eq!(
+        status,
+        200,
+        "an import of {BOUND} rows ({:.1} MB of CSV) in one commit, answered after {:.1} s: {body}",
+        bytes as f64 / 1e6,
+        imported.as_secs_f64()
+    );
+    assert_eq!(body["imported"].as_u64(), Some(BOUND as u64), "{body}");
+    eprintln!(
+        "import of {BOUND} overrides ({:.1} MB of CSV, one commit, version {}): {:.1} s",
+        bytes as f64 / 1e6,
+        body["version"],
+        imported.as_secs_f64()
+    );
+    assert!(
+        imported < Duration::from_secs(30),
+        "import took {imported:?}"
+    );
+    held_propagated_and_enforced(&world, &before, Instant::now()).await;
 }
