@@ -143,12 +143,14 @@ impl Probe {
 }
 
 /// On a global rule of limit [`L`], a region without an override holds a
-/// key to at most `L` (its share of it); with an override of more than `3 L`
-/// and a share of at least a third, to more.
+/// key to at most `L` (its share of it); with an override of `3 L` or more
+/// and a share over a third of `L` (two regions of even demand), to more.
 fn overridden(limit: u64) -> bool {
     limit > L
 }
 
+/// The rule's own limit (a region's share of it): not overridden, and not
+/// `no_allocation` (0).
 fn plain(limit: u64) -> bool {
     (1..=L).contains(&limit)
 }
