@@ -230,8 +230,9 @@ fn finish(
     if let Some(at) = p.expires_at_unix_ms
         && at <= now_unix_ms
     {
+        // Named as the request names it: a body's or a CSV column's field.
         return Err(InvalidInput::new(
-            "expires",
+            "expires_at_unix_ms",
             crate::clock::utc_text(at),
             "is not in the future",
         ));

@@ -103,7 +103,7 @@ fn each_bad_override_is_refused_naming_its_field() {
     assert_eq!(refused(p), "burst");
     let mut p = proposed(&[("customer", "42")], 5_000);
     p.expires_at_unix_ms = Some(NOW);
-    assert_eq!(refused(p), "expires");
+    assert_eq!(refused(p), "expires_at_unix_ms");
     let mut p = proposed(&[("customer", "42")], 5_000);
     p.reason = "x".repeat(MAX_REASON_BYTES + 1);
     assert_eq!(refused(p), "reason");

@@ -49,6 +49,7 @@ mod limiter_api;
 mod limiter_coordinator;
 mod logs;
 mod multi_limit;
+mod overrides;
 mod raft_rpc;
 mod redis_maxmemory;
 mod redis_sentinel;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use meridian::proto::meridian::v1::limiter_client::LimiterClient;
-use meridian::proto::meridian::v1::{Check, CheckRequest};
+use meridian::proto::meridian::v1::{Check, CheckRequest, Entry};
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -422,6 +422,78 @@ impl Load {
                             ..Default::default()
                         })
                         .collect();
+                    let sent_us = now_us();
+                    let Ok(response) = client.check(CheckRequest { checks }).await else {
+                        continue;
+                    };
+                    let recv_us = now_us();
+                    let mut out = records.lock().expect("records");
+                    for d in response.into_inner().decisions {
+                        out.push(Record {
+                            region: i,
+                            sent_us,
+                            recv_us,
+                            allowed: d.allowed,
+                            limit: d.limit,
+                            reset_after_us: d.reset_after_us,
+                            reason: d.reason,
+                        });
+                    }
+                }
+            }));
+        }
+        Load {
+            rates: load_rates,
+            records,
+            stop,
+            tasks,
+        }
+    }
+
+    /// [`Load::start`] with descriptor checks (`entries` in `domain`, as
+    /// Envoy's rate limit service matches them) instead of a rule's name and
+    /// a key: the counter is then the rule's counter key of the descriptor
+    /// (e.g. `customer=42`), the key a per-key override is set on.
+    pub fn start_descriptor(
+        world: &World,
+        domain: &str,
+        entries: &[(&str, &str)],
+        rates: &[u64],
+    ) -> Load {
+        let records = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut load_rates = Vec::new();
+        let mut tasks = Vec::new();
+        let template = Check {
+            domain: domain.to_string(),
+            descriptor: entries
+                .iter()
+                .map(|(key, value)| Entry {
+                    key: key.to_string(),
+                    value: value.to_string(),
+                })
+                .collect(),
+            cost: 1,
+            ..Default::default()
+        };
+        for (i, region) in world.regions.iter().enumerate() {
+            let rate = Arc::new(AtomicU64::new(rates[i]));
+            load_rates.push(rate.clone());
+            let url = region.limiter.grpc_url();
+            let (records, stop, template) = (records.clone(), stop.clone(), template.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut client = LimiterClient::connect(url).await.expect("limiter gRPC");
+                let mut tick = tokio::time::interval(Duration::from_millis(20));
+                let mut owed = 0.0f64;
+                while !stop.load(Ordering::Relaxed) {
+                    tick.tick().await;
+                    owed += rate.load(Ordering::Relaxed) as f64 / 50.0;
+                    let n = owed.floor() as usize;
+                    owed -= n as f64;
+                    if n == 0 {
+                        continue;
+                    }
+                    let checks = vec![template.clone(); n];
                     let sent_us = now_us();
                     let Ok(response) = client.check(CheckRequest { checks }).await else {
                         continue;
