@@ -214,7 +214,9 @@ impl Limiter {
                 expires_at_unix_ms: None,
                 reason: String::new(),
             };
-            held.push(crate::overrides::resolve(&rules, &proposed, 0.0, "library", now)?);
+            held.push(crate::overrides::resolve(
+                &rules, &proposed, 0.0, "library", now,
+            )?);
         }
         let version = self.inner.overrides.current().version + 1;
         self.inner

@@ -19,7 +19,7 @@ use super::resets::{RegionAnswer, Resets, StartReset};
 use crate::allocation::global_rule::GlobalRule;
 use crate::allocation::{Allocations, EpochDelta};
 use crate::cluster_id::ClusterId;
-use crate::overrides::{OverrideChange, Overrides, Refused as OverrideRefused};
+use crate::overrides::{Imports, Override, OverrideChange, Overrides, Refused as OverrideRefused};
 use crate::rules::{RuleErrors, RuleFile, RuleSet};
 
 /// A rule-set version's place in the staged rollout.
@@ -165,6 +165,14 @@ pub enum Command {
         region: String,
         answer: RegionAnswer,
     },
+    /// Stages chunk `seq` of a bulk override import (format 4): applied by
+    /// a later `SetOverrides` naming `import`.
+    StageOverrides {
+        import: u64,
+        seq: u32,
+        rows: Vec<Override>,
+        at_unix_ms: i64,
+    },
 }
 
 impl Command {
@@ -176,6 +184,18 @@ impl Command {
             Command::StopDrill { id, .. } | Command::DrillObserved { id, .. } => Some(Some(*id)),
             _ => None,
         }
+    }
+
+    /// Whether the command touches the staged imports.
+    pub fn touches_imports(&self) -> bool {
+        matches!(
+            self,
+            Command::StageOverrides { .. }
+                | Command::SetOverrides(OverrideChange {
+                    import: Some(_),
+                    ..
+                })
+        )
     }
 
     /// Whether the command touches the resets.
@@ -225,8 +245,10 @@ pub struct Registry {
     /// is cloned for every apply batch and published to readers, and only
     /// an override change copies the set.
     pub overrides: Arc<Overrides>,
-    /// Counter resets and each region's answer (from format 4; last).
+    /// Counter resets and each region's answer (from format 4).
     pub resets: Resets,
+    /// Bulk override imports staged chunk by chunk (from format 4; last).
+    pub override_imports: Arc<Imports>,
 }
 
 fn rejected(reason: impl Into<String>) -> Outcome {
@@ -472,7 +494,26 @@ impl Registry {
                 Ok(()) => Outcome::Applied { version: Some(id) },
                 Err(reason) => rejected(reason),
             },
-            Command::SetOverrides(change) => {
+            Command::StageOverrides {
+                import,
+                seq,
+                rows,
+                at_unix_ms,
+            } => match Arc::make_mut(&mut self.override_imports)
+                .stage(import, seq, rows, at_unix_ms)
+            {
+                Ok(()) => Outcome::Applied { version: None },
+                Err(reason) => rejected(reason),
+            },
+            Command::SetOverrides(mut change) => {
+                if let Some(import) = change.import {
+                    let Some(rows) = Arc::make_mut(&mut self.override_imports).take(import) else {
+                        return rejected(format!(
+                            "import {import} is not staged (it expired, or was applied)"
+                        ));
+                    };
+                    change.set.splice(0..0, rows);
+                }
                 // Refused changes leave the set as it was: `apply` is whole.
                 let mut next = Overrides::clone(&self.overrides);
                 match next.apply(&change) {

@@ -14,6 +14,7 @@
 #[cfg(feature = "server")]
 mod bulk;
 mod check;
+mod imports;
 mod index;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,6 +24,7 @@ use serde::{Deserialize, Serialize};
 #[cfg(feature = "server")]
 pub use bulk::{BulkError, Row, parse_csv, parse_json, split_entries, to_csv};
 pub use check::{Proposed, params_for, resolve};
+pub use imports::{CHUNK_ROWS, IMPORT_TTL_MS, Import, Imports};
 pub use index::OverrideIndex;
 
 /// Most overrides a cluster holds. Each costs about
@@ -98,6 +100,8 @@ pub struct OverrideChange {
     pub remove: Vec<(String, String)>,
     /// Drop every override first (a bulk import that replaces the set).
     pub replace_all: bool,
+    /// A staged import whose rows are set too (see [`Imports`]).
+    pub import: Option<u64>,
     /// The proposer's clock: expired overrides are dropped as of it, the
     /// same on every node.
     pub at_unix_ms: i64,

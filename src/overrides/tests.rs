@@ -59,6 +59,7 @@ fn change(set: Vec<Override>, remove: Vec<(String, String)>) -> OverrideChange {
         set,
         remove,
         replace_all: false,
+        import: None,
         at_unix_ms: NOW,
     }
 }
@@ -174,6 +175,7 @@ fn the_bound_refuses_a_change_whole_and_a_replace_counts_only_what_it_sets() {
         .expect("a replacement fits");
     let replace = OverrideChange {
         replace_all: true,
+        import: None,
         ..change(vec![held("x", 2_000, None)], vec![])
     };
     overrides.apply(&replace).expect("replaced");

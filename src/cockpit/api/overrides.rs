@@ -21,8 +21,8 @@ use crate::clock::now_unix_ms;
 use crate::coordinator::node::Write;
 use crate::coordinator::state::{Command, Outcome};
 use crate::overrides::{
-    BulkError, Override, OverrideChange, Proposed, Row, parse_csv, parse_json as rows_json,
-    resolve, split_entries, to_csv,
+    BulkError, CHUNK_ROWS, Override, OverrideChange, Proposed, Row, parse_csv,
+    parse_json as rows_json, resolve, split_entries, to_csv,
 };
 use crate::rules::RuleSet;
 
@@ -129,6 +129,7 @@ pub(super) async fn put_override(
         set: vec![o],
         remove: Vec::new(),
         replace_all: false,
+        import: None,
         at_unix_ms: now,
     };
     commit(&api, &headers, change, extra).await
@@ -262,6 +263,7 @@ pub(super) async fn delete_override(
         set: Vec::new(),
         remove,
         replace_all: false,
+        import: None,
         at_unix_ms: now_unix_ms(),
     };
     commit(&api, &headers, change, extra).await
@@ -322,10 +324,39 @@ pub(super) async fn import_overrides(
         set.push(o);
     }
     let extra = json!({ "imported": set.len(), "replaced": q.replace.unwrap_or(false) });
+    // A large import never travels as one Raft entry (see
+    // `overrides::imports`): its rows are staged chunk by chunk, and the
+    // change that applies them is small.
+    let import = if set.len() > CHUNK_ROWS {
+        let id: u64 = rand::random();
+        for (seq, chunk) in set.chunks(CHUNK_ROWS).enumerate() {
+            let stage = Command::StageOverrides {
+                import: id,
+                seq: seq as u32,
+                rows: chunk.to_vec(),
+                at_unix_ms: now,
+            };
+            let reply = api
+                .node
+                .write(Write::Command(stage), super::is_relayed(&headers))
+                .await?;
+            if let Outcome::Rejected { reason } | Outcome::NotFound { reason } = reply.outcome {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    format!("staging the import failed, nothing was set: {reason}"),
+                ));
+            }
+        }
+        set.clear();
+        Some(id)
+    } else {
+        None
+    };
     let change = OverrideChange {
         set,
         remove: Vec::new(),
         replace_all: q.replace.unwrap_or(false),
+        import,
         at_unix_ms: now,
     };
     commit(&api, &headers, change, extra).await

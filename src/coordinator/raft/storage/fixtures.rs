@@ -157,6 +157,7 @@ pub(super) fn fixture_applied() -> Applied {
         }],
         remove: Vec::new(),
         replace_all: false,
+        import: None,
         at_unix_ms: 85_000,
     }));
     commands.push(Command::StartReset(
@@ -219,6 +220,7 @@ pub(super) fn fixture_applied_v3() -> Applied {
     let mut applied = fixture_applied();
     applied.registry.overrides = Default::default();
     applied.registry.resets = Default::default();
+    applied.registry.override_imports = Default::default();
     applied
 }
 

@@ -124,6 +124,7 @@ impl From<AppliedV1> for Applied {
                 drills: Drills::default(),
                 overrides: Default::default(),
                 resets: Default::default(),
+                override_imports: Default::default(),
             },
         }
     }
@@ -161,6 +162,7 @@ impl From<AppliedV2> for Applied {
                 drills: Drills::default(),
                 overrides: Default::default(),
                 resets: Default::default(),
+                override_imports: Default::default(),
             },
         }
     }
@@ -199,6 +201,7 @@ impl From<AppliedV3> for Applied {
                 drills: v3.registry.drills,
                 overrides: Default::default(),
                 resets: Default::default(),
+                override_imports: Default::default(),
             },
         }
     }

@@ -25,7 +25,7 @@ use crate::coordinator::raft::{
 };
 use crate::coordinator::resets::Resets;
 use crate::coordinator::state::{Outcome, Region, Registry, RuleSetVersion};
-use crate::overrides::{Override, Overrides};
+use crate::overrides::{Import, Imports, Override, Overrides};
 
 /// `sm_meta.applied`: how far the state machine on disk got, written with
 /// every apply batch. Encodes as the `(last_applied, membership)` tuple it
@@ -45,6 +45,15 @@ struct StoredSnapshot {
     /// stored before format versions have no header; they decode as
     /// version 1.
     data: Vec<u8>,
+}
+
+/// `sm_meta` key of the staged imports' index: (id, staged at, chunks).
+const IMPORTS_KEY: &str = "override_imports";
+
+/// `sm_meta` key of chunk `seq` of staged import `id`: each chunk is written
+/// once, when it is staged, and deleted when its import is applied or dropped.
+fn chunk_key(id: u64, seq: u32) -> String {
+    format!("override_import/{id:020}/{seq:010}")
 }
 
 fn load_applied(db: &Database) -> Result<Applied, DiskError> {
@@ -94,6 +103,20 @@ fn load_applied(db: &Database) -> Result<Applied, DiskError> {
     // Absent before format 4.
     let resets: Option<Resets> = get_meta(db, SM_META, "resets")?;
     registry.resets = resets.unwrap_or_default();
+    let staged: Option<Vec<(u64, i64, u32)>> = get_meta(db, SM_META, IMPORTS_KEY)?;
+    let mut imports = Imports::default();
+    for (id, at_unix_ms, chunks) in staged.unwrap_or_default() {
+        let mut import = Import {
+            at_unix_ms,
+            chunks: Vec::new(),
+        };
+        for seq in 0..chunks {
+            let rows: Option<Vec<Override>> = get_meta(db, SM_META, &chunk_key(id, seq))?;
+            import.chunks.push(Arc::new(rows.unwrap_or_default()));
+        }
+        imports.by_id.insert(id, import);
+    }
+    registry.override_imports = Arc::new(imports);
     let (last_applied, membership) =
         header.map_or_else(Default::default, |h| (h.last_applied, h.membership));
     Ok(Applied {
@@ -115,6 +138,8 @@ struct Rows<'a> {
     overrides_before: Option<&'a Overrides>,
     /// Whether the batch touched the resets (kept as one value, bounded).
     resets: bool,
+    /// The staged imports before the batch, when it touched them.
+    imports_before: Option<&'a Imports>,
     /// Drop every other version and drill first (snapshot install).
     replace: bool,
 }
@@ -132,6 +157,7 @@ fn persist_applied(
         drills,
         overrides_before,
         resets,
+        imports_before,
         replace: replace_versions,
     } = rows;
     let header = bincode::serialize(&AppliedHeader {
@@ -156,6 +182,38 @@ fn persist_applied(
         m.insert("regions", regions.as_slice())?;
         m.insert("allocations", allocations.as_slice())?;
         m.insert("cluster_id", cluster_id.as_slice())?;
+        if replace_versions || imports_before.is_some() {
+            let after = &applied.registry.override_imports;
+            let empty = Imports::default();
+            let before = match imports_before {
+                Some(before) if !replace_versions => before,
+                _ => {
+                    m.retain(|k, _| !k.starts_with("override_import/"))?;
+                    &empty
+                }
+            };
+            for (id, import) in &before.by_id {
+                let kept = after.by_id.get(id).map_or(0, |i| i.chunks.len());
+                for seq in kept..import.chunks.len() {
+                    m.remove(chunk_key(*id, seq as u32).as_str())?;
+                }
+            }
+            for (id, import) in &after.by_id {
+                let written = before.by_id.get(id).map_or(0, |i| i.chunks.len());
+                for (seq, chunk) in import.chunks.iter().enumerate().skip(written) {
+                    m.insert(
+                        chunk_key(*id, seq as u32).as_str(),
+                        bincode::serialize(chunk.as_ref())?.as_slice(),
+                    )?;
+                }
+            }
+            let index: Vec<(u64, i64, u32)> = after
+                .by_id
+                .iter()
+                .map(|(id, i)| (*id, i.at_unix_ms, i.chunks.len() as u32))
+                .collect();
+            m.insert(IMPORTS_KEY, bincode::serialize(&index)?.as_slice())?;
+        }
         if replace_versions || resets {
             m.insert(
                 "resets",
@@ -268,6 +326,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let mut outcomes = Vec::new();
         let mut drills = Vec::new();
         let mut resets = false;
+        let imports_before = Arc::clone(&self.applied.registry.override_imports);
+        let mut imports = false;
         for entry in entries {
             self.applied.last_applied = Some(entry.log_id);
             let outcome = match entry.payload {
@@ -275,6 +335,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 EntryPayload::Normal(command) => {
                     let drill = command.drill();
                     resets |= command.is_reset();
+                    imports |= command.touches_imports();
                     let outcome = self.applied.registry.apply(command);
                     if let (Some(d), Outcome::Applied { version }) = (drill, &outcome) {
                         // A start names its new id in the outcome.
@@ -310,6 +371,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     drills: &drills,
                     overrides_before: changed.then_some(overrides_before.as_ref()),
                     resets,
+                    imports_before: imports.then_some(imports_before.as_ref()),
                     replace: false,
                 };
                 persist_applied(db, &applied, rows, Durability::None)
@@ -359,6 +421,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     drills: &[],
                     overrides_before: None,
                     resets: false,
+                    imports_before: None,
                     replace: true,
                 };
                 persist_applied(db, &to_write, rows, Durability::Immediate)?;
@@ -585,6 +648,7 @@ mod tests {
                 set,
                 remove,
                 replace_all: false,
+                import: None,
                 at_unix_ms: at,
             })
         };
@@ -628,5 +692,66 @@ mod tests {
             .map(|(_, k)| k.as_str())
             .collect();
         assert_eq!(keys, vec!["customer=1", "customer=4"]);
+    }
+
+    #[tokio::test]
+    async fn a_staged_import_survives_reopen_and_applies_whole() {
+        use crate::coordinator::state::Command;
+        use crate::overrides::{Override, OverrideChange};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let entry = |index: u64, command: Command| Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 0), index),
+            payload: EntryPayload::Normal(command),
+        };
+        let rows = |from: usize| -> Vec<Override> {
+            (from..from + 3)
+                .map(|i| Override {
+                    domain: "api".into(),
+                    entries: Vec::new(),
+                    rule: "api|customer".into(),
+                    rule_name: None,
+                    key: format!("customer={i}"),
+                    limit: 5_000,
+                    burst: None,
+                    expires_at_unix_ms: None,
+                    reason: String::new(),
+                    set_by: "t".into(),
+                    set_at_unix_ms: 1,
+                })
+                .collect()
+        };
+        let stage = |seq: u32, from| Command::StageOverrides {
+            import: 9,
+            seq,
+            rows: rows(from),
+            at_unix_ms: 10,
+        };
+        {
+            let (_log, mut sm) = open(dir.path()).expect("open");
+            sm.apply([entry(1, stage(0, 0)), entry(2, stage(1, 3))])
+                .await
+                .expect("apply");
+        }
+        let (_log, mut sm) = open(dir.path()).expect("reopen");
+        let applied = sm.subscribe().borrow().clone();
+        assert_eq!(applied.registry.override_imports.by_id[&9].rows(), 6);
+        assert!(
+            applied.registry.overrides.by_id.is_empty(),
+            "staged, not set"
+        );
+        let apply = Command::SetOverrides(OverrideChange {
+            set: Vec::new(),
+            remove: Vec::new(),
+            replace_all: false,
+            import: Some(9),
+            at_unix_ms: 20,
+        });
+        let out = sm.apply([entry(3, apply)]).await.expect("apply");
+        assert_eq!(out[0], Outcome::Applied { version: Some(1) });
+        drop((_log, sm));
+        let (_log, sm) = open(dir.path()).expect("reopen");
+        let applied = sm.subscribe().borrow().clone();
+        assert_eq!(applied.registry.overrides.by_id.len(), 6);
+        assert!(applied.registry.override_imports.by_id.is_empty());
     }
 }
