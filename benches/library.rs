@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use futures::executor::block_on;
-use meridian::Limiter;
 use meridian::store::MemoryStore;
+use meridian::{KeyOverride, Limiter};
 
 const MANY_KEYS: usize = 1_000_000;
 
@@ -83,5 +83,41 @@ fn library(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, library);
+/// The cost of per-key overrides on the hot path: the same checks with
+/// none held and with 100,000 held (each key overridden or not), in one run.
+/// It must not grow with their number (two hash lookups).
+fn overrides(c: &mut Criterion) {
+    const HELD: usize = 100_000;
+    let mut group = c.benchmark_group("overrides");
+    group
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    let names: Vec<String> = (0..HELD).map(|i| format!("customer-{i}")).collect();
+    for held in [0, HELD] {
+        let limiter = Limiter::from_yaml(RULES, MemoryStore::new()).expect("rules");
+        let list: Vec<KeyOverride<'_>> = names[..held]
+            .iter()
+            .map(|key| KeyOverride {
+                domain: "api",
+                descriptor: &[],
+                rule: Some("per_customer"),
+                key: Some(key),
+                limit: 2_000_000_000,
+                burst: None,
+            })
+            .collect();
+        limiter.set_overrides(&list).expect("overrides");
+        for (label, key) in [
+            ("plain_key", "someone-else"),
+            ("overridden_key", "customer-7"),
+        ] {
+            group.bench_function(format!("{held}_held/{label}"), |b| {
+                b.iter(|| black_box(block_on(limiter.check_rule("api", "per_customer", key, 1))))
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, library, overrides);
 criterion_main!(benches);
