@@ -26,6 +26,7 @@ pub mod leader;
 pub mod ledger;
 pub mod override_scale;
 pub mod pod;
+pub mod pod_report;
 pub mod rebalance;
 pub mod returns;
 pub mod settings;

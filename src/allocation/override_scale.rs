@@ -11,7 +11,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use super::leader::PodReport;
+use super::pod_report::PodReport;
 use crate::overrides::Override;
 
 /// The override of each overridden key of a global rule, by rule and key.
@@ -110,8 +110,8 @@ impl OverrideScale {
 mod tests {
     use super::*;
     use crate::allocation::demand::KeyDemand;
-    use crate::allocation::leader::RuleDemand;
     use crate::allocation::ledger::PeriodAdmitted;
+    use crate::allocation::pod_report::RuleDemand;
 
     #[test]
     fn an_overridden_keys_demand_and_admitted_hits_are_in_its_rules_units() {

@@ -18,7 +18,7 @@ use super::batcher::{self, Batcher, Batching};
 use super::breaker::Breaker;
 use super::cache::OverLimitCache;
 use super::check_metrics::CheckMetrics;
-use super::reset::{self, Cleared};
+use super::counters::{self, Cleared};
 use super::split::SubCounters;
 use super::verdict::{Source, Verdict, cached_denial, fail_decision, shadow, tightest, unlimited};
 use crate::algorithm::{Decision, DenyReason, InvalidInput, Params};
@@ -376,8 +376,8 @@ impl Engine {
     /// operator's command fails on its own deadline and counts no failure.
     pub async fn reset(&self, rule: &Rule, counter_key: &str) -> Result<Cleared, StoreError> {
         key::check(&rule.id, counter_key)?;
-        let keys = reset::counter_keys(rule, counter_key);
-        let periods = reset::periods(rule);
+        let keys = counters::counter_keys(rule, counter_key);
+        let periods = counters::periods(rule);
         let counters = Counters {
             rule: &rule.id,
             keys: &keys,

@@ -7,6 +7,7 @@ mod cache;
 mod check_metrics;
 #[cfg(feature = "server")]
 pub mod cli;
+pub mod counters;
 pub mod engine;
 #[cfg(feature = "redis")]
 mod flush_plan;
