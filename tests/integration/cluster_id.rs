@@ -386,8 +386,8 @@ async fn a_data_dir_of_format_1_is_migrated_and_its_leader_sets_a_cluster_id() {
     let regions = get("/api/v1/regions").await.expect("regions");
     assert!(regions.to_string().contains("mumbai"), "{regions}");
     drop(node);
-    // Migrated to this build's format (3 since drills).
-    assert_eq!(format_version(&data.join("coordinator.redb")), 3);
+    // Migrated to this build's format (4 since overrides and resets).
+    assert_eq!(format_version(&data.join("coordinator.redb")), 4);
 
     let _node = spawn();
     assert_eq!(wait_id().await, id, "the id changed across a restart");
