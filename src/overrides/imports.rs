@@ -13,9 +13,12 @@ use serde::{Deserialize, Serialize};
 
 use super::{MAX_OVERRIDES, Override};
 
-/// Rows per staged chunk: about 200 KB as one log entry, so 32 of them (a
-/// lagging follower's batch) still cross a region within a heartbeat.
-pub const CHUNK_ROWS: usize = 1_000;
+/// Rows per staged chunk: about 45 KB as one log entry, so 32 of them (a
+/// lagging follower's batch, 1.4 MB) still cross a region within a
+/// heartbeat. With 1,000 rows (6.4 MB batches) a loaded test machine saw
+/// its followers fall behind for seconds while a 100,000-row import was
+/// replicated.
+pub const CHUNK_ROWS: usize = 250;
 
 /// How long a staged import waits for the entry that applies it.
 pub const IMPORT_TTL_MS: i64 = 10 * 60 * 1000;

@@ -30,9 +30,9 @@ pub use index::OverrideIndex;
 /// Most overrides a cluster holds; past the bound a change is refused
 /// whole, naming it. Measured memory (`tests/integration/overrides.rs`,
 /// RSS growth over an import of 100,000 with 7-byte keys, debug build):
-/// about 3.2 KB an override on the leader coordinator (the set, its Raft
+/// 2.0–3.2 KB an override on the leader coordinator (the set, its Raft
 /// log entries and their copies in the state machine, which the next
-/// snapshot purges) and 0.55 KB on a limiter; see `docs/performance.md`.
+/// snapshot purges) and 0.55–1.1 KB on a limiter; see `docs/performance.md`.
 pub const MAX_OVERRIDES: usize = 100_000;
 
 /// Longest `reason`, in bytes.
