@@ -9,25 +9,26 @@ use serde_json::{Value, json};
 use super::client::{Client, CtlError, Payload};
 use super::{Output, print, render};
 
-/// The descriptor an override is for: a domain and its entries.
+/// The key an override (or a reset) is for: a domain and a descriptor's
+/// entries, or a rule's name and a key.
 #[derive(Args)]
 pub struct Target {
     /// The descriptor's domain.
     #[arg(long)]
-    domain: String,
+    pub(super) domain: String,
     /// The descriptor's entries as KEY=VALUE, outermost first (e.g.
     /// customer=42), as Envoy and descriptor checks send them.
     #[arg(value_name = "KEY=VALUE", required_unless_present = "key")]
-    entries: Vec<String>,
+    pub(super) entries: Vec<String>,
     /// The rule the descriptor must resolve to (default: whichever it
     /// resolves to); with --key, the rule's name as checks by rule name give it.
     #[arg(long)]
-    rule: Option<String>,
+    pub(super) rule: Option<String>,
     /// Instead of a descriptor: the key as checks by rule name (`rule` +
     /// `key`) give it; needs --rule. Such checks count the key apart from
     /// descriptor checks of the same rule, so each form has its own override.
     #[arg(long, requires = "rule", conflicts_with = "entries")]
-    key: Option<String>,
+    pub(super) key: Option<String>,
 }
 
 impl Target {

@@ -8,24 +8,15 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use super::client::{Client, CtlError};
+use super::overrides::Target;
 use super::{Output, print, render};
 
 #[derive(Args)]
 pub struct ResetArgs {
-    /// The descriptor's domain.
-    #[arg(long)]
-    domain: String,
-    /// The descriptor's entries as KEY=VALUE, outermost first (e.g. customer=42).
-    #[arg(value_name = "KEY=VALUE", required_unless_present = "key")]
-    entries: Vec<String>,
-    /// The rule (its name or id) the descriptor must resolve to; with --key,
-    /// the rule's name as checks by rule name give it.
-    #[arg(long)]
-    rule: Option<String>,
-    /// Instead of a descriptor: the key as checks by rule name count it
-    /// (needs --rule).
-    #[arg(long, requires = "rule", conflicts_with = "entries")]
-    key: Option<String>,
+    /// The key whose counters are cleared: a descriptor, or a rule's name
+    /// and a key as checks by rule name give them.
+    #[command(flatten)]
+    target: Target,
     /// How long to wait for every region's answer; a region that has not
     /// answered by then is shown as pending (it applies the reset when it
     /// reconnects, for 10 minutes).
@@ -37,8 +28,9 @@ pub struct ResetArgs {
 /// Starts the reset and follows it. Exit 1 when a region failed or did not
 /// answer within `--wait`.
 pub async fn run(client: &Client, output: Output, args: ResetArgs) -> Result<(), CtlError> {
-    let body = json!({ "domain": args.domain, "descriptor": args.entries, "rule": args.rule,
-                       "key": args.key });
+    let t = &args.target;
+    let body = json!({ "domain": t.domain, "descriptor": t.entries, "rule": t.rule,
+                       "key": t.key });
     let started = client
         .send(Method::POST, "/api/v1/resets", Some(body))
         .await?;

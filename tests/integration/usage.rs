@@ -11,14 +11,10 @@
 use crate::common;
 
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::coordinator::TOKEN;
-use common::global::{Record, World, now_us};
-use meridian::proto::meridian::v1::limiter_client::LimiterClient;
-use meridian::proto::meridian::v1::{Check, CheckRequest, Entry};
+use common::global::{Load, Record, World, now_us};
 use serde_json::{Value, json};
 
 const L: u64 = 1000;
@@ -48,84 +44,6 @@ descriptors:
       requests_per_unit: 10
 "
     )
-}
-
-/// Open-loop descriptor checks (`customer=<id>`) at a rate per region,
-/// every decision recorded.
-struct Traffic {
-    records: Arc<Mutex<Vec<Record>>>,
-    stop: Arc<AtomicBool>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Traffic {
-    fn start(world: &World, customer: &str, rates: &[u64]) -> Traffic {
-        let records = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let check = Check {
-            domain: "api".into(),
-            descriptor: vec![Entry {
-                key: "customer".into(),
-                value: customer.into(),
-            }],
-            cost: 1,
-            ..Default::default()
-        };
-        let mut tasks = Vec::new();
-        for (i, region) in world.regions.iter().enumerate() {
-            let rate = rates[i];
-            let url = region.limiter.grpc_url();
-            let (records, stop, check) = (records.clone(), stop.clone(), check.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut client = LimiterClient::connect(url).await.expect("limiter gRPC");
-                let mut tick = tokio::time::interval(Duration::from_millis(20));
-                let mut owed = 0.0f64;
-                while !stop.load(Ordering::Relaxed) {
-                    tick.tick().await;
-                    owed += rate as f64 / 50.0;
-                    let n = owed.floor() as usize;
-                    owed -= n as f64;
-                    if n == 0 {
-                        continue;
-                    }
-                    let sent_us = now_us();
-                    let checks = vec![check.clone(); n];
-                    let Ok(response) = client.check(CheckRequest { checks }).await else {
-                        continue;
-                    };
-                    let recv_us = now_us();
-                    let mut out = records.lock().expect("records");
-                    for d in response.into_inner().decisions {
-                        out.push(Record {
-                            region: i,
-                            sent_us,
-                            recv_us,
-                            allowed: d.allowed,
-                            limit: d.limit,
-                            reset_after_us: d.reset_after_us,
-                            reason: d.reason,
-                        });
-                    }
-                }
-            }));
-        }
-        Traffic {
-            records,
-            stop,
-            tasks,
-        }
-    }
-
-    fn records(&self) -> Vec<Record> {
-        self.records.lock().expect("records").clone()
-    }
-
-    async fn stop(self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.tasks {
-            let _ = t.await;
-        }
-    }
 }
 
 /// The start (Unix ms) of the fixed window an admitted decision counted
@@ -190,7 +108,7 @@ async fn mid_period() {
 async fn usage_agrees(
     world: &World,
     node: u64,
-    traffic: &Traffic,
+    traffic: &Load,
     id: &str,
     key_limit: u64,
     slack: u64,
@@ -272,8 +190,8 @@ async fn usage_agrees_with_what_the_test_counted_and_top_keys_lists_the_busiest_
     let world = World::start(&rules(), &["mumbai", "hyderabad"]).await;
     // customer 42: 80 checks a second (mumbai 60, hyderabad 20), 320 a
     // period, all admitted under L 1,000; customer 7: 10 a second.
-    let busy = Traffic::start(&world, "42", &[60, 20]);
-    let quiet = Traffic::start(&world, "7", &[10, 0]);
+    let busy = Load::start_descriptor(&world, "api", &[("customer", "42")], &[60, 20]);
+    let quiet = Load::start_descriptor(&world, "api", &[("customer", "7")], &[10, 0]);
     world.wait_allocated(RULE, Duration::from_secs(20)).await;
     let leader = world.cluster.wait_leader(Duration::from_secs(10)).await;
     let follower = world

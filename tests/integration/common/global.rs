@@ -390,7 +390,43 @@ pub struct Load {
 }
 
 impl Load {
+    /// Checks of `key` under the rule named `rule` (native checks by name).
     pub fn start(world: &World, domain: &str, rule: &str, key: &str, rates: &[u64]) -> Load {
+        let check = Check {
+            domain: domain.to_string(),
+            rule: rule.to_string(),
+            key: key.to_string(),
+            cost: 1,
+            ..Default::default()
+        };
+        Load::start_checks(world, check, rates)
+    }
+
+    /// Descriptor checks (`entries` in `domain`), as Envoy sends them.
+    pub fn start_descriptor(
+        world: &World,
+        domain: &str,
+        entries: &[(&str, &str)],
+        rates: &[u64],
+    ) -> Load {
+        let check = Check {
+            domain: domain.to_string(),
+            descriptor: entries
+                .iter()
+                .map(|(key, value)| Entry {
+                    key: key.to_string(),
+                    value: value.to_string(),
+                })
+                .collect(),
+            cost: 1,
+            ..Default::default()
+        };
+        Load::start_checks(world, check, rates)
+    }
+
+    /// `check`, at each region's rate (checks per second, in batches every
+    /// 20 ms), every decision recorded.
+    fn start_checks(world: &World, check: Check, rates: &[u64]) -> Load {
         let records = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let mut load_rates = Vec::new();
@@ -399,8 +435,7 @@ impl Load {
             let rate = Arc::new(AtomicU64::new(rates[i]));
             load_rates.push(rate.clone());
             let url = region.limiter.grpc_url();
-            let (records, stop) = (records.clone(), stop.clone());
-            let (domain, rule, key) = (domain.to_string(), rule.to_string(), key.to_string());
+            let (records, stop, check) = (records.clone(), stop.clone(), check.clone());
             tasks.push(tokio::spawn(async move {
                 let mut client = LimiterClient::connect(url).await.expect("limiter gRPC");
                 let mut tick = tokio::time::interval(Duration::from_millis(20));
@@ -413,15 +448,7 @@ impl Load {
                     if n == 0 {
                         continue;
                     }
-                    let checks = (0..n)
-                        .map(|_| Check {
-                            domain: domain.clone(),
-                            rule: rule.clone(),
-                            key: key.clone(),
-                            cost: 1,
-                            ..Default::default()
-                        })
-                        .collect();
+                    let checks = vec![check.clone(); n];
                     let sent_us = now_us();
                     let Ok(response) = client.check(CheckRequest { checks }).await else {
                         continue;
@@ -450,76 +477,9 @@ impl Load {
         }
     }
 
-    /// [`Load::start`] with descriptor checks (`entries` in `domain`, as
-    /// Envoy's rate limit service matches them) instead of a rule's name and
-    /// a key: the counter is then the rule's counter key of the descriptor
-    /// (e.g. `customer=42`), the key a per-key override is set on.
-    pub fn start_descriptor(
-        world: &World,
-        domain: &str,
-        entries: &[(&str, &str)],
-        rates: &[u64],
-    ) -> Load {
-        let records = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut load_rates = Vec::new();
-        let mut tasks = Vec::new();
-        let template = Check {
-            domain: domain.to_string(),
-            descriptor: entries
-                .iter()
-                .map(|(key, value)| Entry {
-                    key: key.to_string(),
-                    value: value.to_string(),
-                })
-                .collect(),
-            cost: 1,
-            ..Default::default()
-        };
-        for (i, region) in world.regions.iter().enumerate() {
-            let rate = Arc::new(AtomicU64::new(rates[i]));
-            load_rates.push(rate.clone());
-            let url = region.limiter.grpc_url();
-            let (records, stop, template) = (records.clone(), stop.clone(), template.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut client = LimiterClient::connect(url).await.expect("limiter gRPC");
-                let mut tick = tokio::time::interval(Duration::from_millis(20));
-                let mut owed = 0.0f64;
-                while !stop.load(Ordering::Relaxed) {
-                    tick.tick().await;
-                    owed += rate.load(Ordering::Relaxed) as f64 / 50.0;
-                    let n = owed.floor() as usize;
-                    owed -= n as f64;
-                    if n == 0 {
-                        continue;
-                    }
-                    let checks = vec![template.clone(); n];
-                    let sent_us = now_us();
-                    let Ok(response) = client.check(CheckRequest { checks }).await else {
-                        continue;
-                    };
-                    let recv_us = now_us();
-                    let mut out = records.lock().expect("records");
-                    for d in response.into_inner().decisions {
-                        out.push(Record {
-                            region: i,
-                            sent_us,
-                            recv_us,
-                            allowed: d.allowed,
-                            limit: d.limit,
-                            reset_after_us: d.reset_after_us,
-                            reason: d.reason,
-                        });
-                    }
-                }
-            }));
-        }
-        Load {
-            rates: load_rates,
-            records,
-            stop,
-            tasks,
-        }
+    /// The decisions recorded so far.
+    pub fn records(&self) -> Vec<Record> {
+        self.records.lock().expect("records").clone()
     }
 
     pub fn set(&self, rates: &[u64]) {
