@@ -254,6 +254,67 @@ impl MemoryStore {
         Ok(decided.into_iter().map(|(_, o)| o.decision).collect())
     }
 
+    /// Runs `settle(j, state)` on `key`'s live state under each of `limits`
+    /// (fresh state where none is held), with the shards involved locked
+    /// together as in [`MemoryStore::check_all_at`], and keeps each state for
+    /// the `keep_for_us` of the outcome `settle` returns: a reservation's
+    /// refund or excess charge (`store::reservation`). A key new to a full
+    /// shard is not added: `settle` is not called for it, and it answers
+    /// `R::default()` with a fresh state's peek.
+    pub fn settle_states_at<R: Default>(
+        &self,
+        limits: &[Limit],
+        key: &str,
+        now: Micros,
+        mut settle: impl FnMut(usize, &mut KeyState) -> (R, crate::algorithm::Outcome),
+    ) -> Result<Vec<(R, Decision)>, InvalidInput> {
+        let mut keys = Vec::with_capacity(limits.len());
+        for (j, limit) in limits.iter().enumerate() {
+            let mut state_key = String::new();
+            key::write_state_key(&mut state_key, &limit.rule, key, limit.params.algorithm())?;
+            if j > 0 {
+                state_key.push_str(&format!("#{j}"));
+            }
+            let hash = self.hasher.hash_one(&state_key);
+            keys.push((state_key, hash));
+        }
+        let mut order: Vec<usize> = keys.iter().map(|(_, h)| *h as usize % SHARDS).collect();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<_> = order
+            .iter()
+            .map(|&i| self.shards[i].lock().unwrap_or_else(|e| e.into_inner()))
+            .collect();
+        let slot = |hash: u64| order.binary_search(&(hash as usize % SHARDS)).unwrap_or(0);
+        let mut out = Vec::with_capacity(limits.len());
+        for (j, ((state_key, hash), limit)) in keys.iter().zip(limits).enumerate() {
+            let shard = &mut guards[slot(*hash)];
+            let held = shard.entries.find(*hash, |e| *e.key == **state_key).is_some();
+            if !held && shard.entries.len() >= self.per_shard {
+                let mut fresh = KeyState::fresh(limit.params.algorithm());
+                out.push((R::default(), fresh.decide(now, 0, &limit.params).decision));
+                continue;
+            }
+            let entry = shard
+                .entries
+                .entry(*hash, |e| *e.key == **state_key, |e| e.hash)
+                .or_insert_with(|| Entry {
+                    key: state_key.as_str().into(),
+                    hash: *hash,
+                    state: KeyState::fresh(limit.params.algorithm()),
+                    expires_at: 0,
+                })
+                .into_mut();
+            if entry.expires_at <= now {
+                entry.state = KeyState::fresh(limit.params.algorithm());
+            }
+            let (r, outcome) = settle(j, &mut entry.state);
+            entry.expires_at = entry.expires_at.max(now + outcome.keep_for_us);
+            out.push((r, outcome.decision));
+        }
+        Ok(out)
+    }
+
     /// [`Store::clear`] at time `now`, synchronously: drops the entry of
     /// every algorithm under each key and limit (the state key names the
     /// algorithm, not the window, so no period is needed). Counts the

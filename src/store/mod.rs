@@ -9,6 +9,7 @@ pub mod key;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod reservation;
 
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
