@@ -69,5 +69,7 @@ mod tls;
 mod traces;
 
 pub use embedded::{BuildError, Builder, KeyOverride, Limiter};
+pub use limiter::reserve::{ReserveAnswer, SettleAnswer};
 pub use limiter::reset::{Cleared, ResetError, ResetOutcome, ResetRule};
 pub use limiter::{EngineConfig, Source, Verdict};
+pub use store::reservation::{LimitSettled, ReservationError, Settle, Settled};

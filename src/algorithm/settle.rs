@@ -196,10 +196,7 @@ fn set_bucket_level(state: &mut KeyState, now: Micros, level: i128, params: &Par
 /// A GCRA backlog drained to `now` and the tick it is counted from.
 fn backlog_at(t: &super::leaky_bucket::Tat, now: Micros, params: &Params) -> (u64, u64) {
     let tick = (now / params.tick_us()).max(t.tick);
-    (
-        drain(t.backlog, tick - t.tick, params.scale().refill),
-        tick,
-    )
+    (drain(t.backlog, tick - t.tick, params.scale().refill), tick)
 }
 
 #[cfg(test)]
@@ -208,7 +205,7 @@ mod tests {
     use proptest::prelude::*;
     use std::time::Duration;
 
-    const T: Micros = 1_000_000_000_000; // a window boundary of every period used
+    const T: Micros = 1_080_000_000_000_000; // a window boundary of every period used
 
     fn params(algorithm: Algorithm, limit: i64, secs: u64) -> Params {
         Params::new(algorithm, limit, Duration::from_secs(secs), None).expect("valid params")
@@ -314,7 +311,8 @@ mod tests {
         ) {
             let algorithm = RESERVABLE[a];
             let p = params(algorithm, limit, secs);
-            let (used, estimate) = (used.min(p.limit()), estimate.min(p.limit()));
+            let used = used % p.limit();
+            let estimate = 1 + estimate % (p.limit() - used);
             let now = T + offset;
             let mut s = KeyState::fresh(algorithm);
             if used > 0 {

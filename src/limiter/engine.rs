@@ -27,6 +27,7 @@ use crate::rules::Accuracy;
 use crate::rules::{FailMode, Rule};
 #[cfg(feature = "redis")]
 use crate::store::RedisStore;
+use crate::store::reservation::{Hold, MemoryBook, ReservationError, Reserved, Settle, Settled};
 use crate::store::{AnyStore, Counters, Limit, MemoryStore, Store, StoreError, key};
 
 /// Engine settings; defaults in [`EngineConfig::default`].
@@ -105,6 +106,9 @@ pub struct Engine {
     pods_in_region: u64,
     /// What every check counts, by rule (see `check_metrics`).
     metrics: CheckMetrics,
+    /// Reservation records when counters are in `store`'s memory (Redis
+    /// keeps them itself); bounded, see `MemoryBook`.
+    book: MemoryBook,
 }
 /// One check for the engine: a matched rule, the counter within it, and the
 /// hits to consume (0 = check only). `limit` overrides the rule's requests per
@@ -134,6 +138,7 @@ impl Engine {
             in_flight: tokio::sync::Semaphore::new(config.max_in_flight.max(1)),
             pods_in_region: config.pods_in_region.max(1),
             metrics: CheckMetrics::new(config.max_value_metrics),
+            book: MemoryBook::default(),
         }
     }
 
@@ -401,6 +406,61 @@ impl Engine {
             pending_hits,
             cached_denials: self.cache.forget(&cache_key(rule, counter_key, None)),
         })
+    }
+
+    /// Reserves `estimate` against every limit of `hold` for `ttl_us`
+    /// (`store::reservation`): admitted only when all admit, then charged
+    /// and recorded atomically. Behind the in-flight cap, not the breaker
+    /// or the fail mode: a reservation no store recorded could never be
+    /// settled, so a store failure is the caller's error to see.
+    pub async fn reserve(
+        &self,
+        hold: Hold<'_>,
+        estimate: u64,
+        ttl_us: crate::algorithm::Micros,
+    ) -> Result<Reserved, ReservationError> {
+        let _permit = self.in_flight.acquire().await.ok();
+        match &self.store {
+            AnyStore::Memory(memory) => {
+                let now = crate::clock::now_unix_us();
+                self.book.reserve(memory, hold, estimate, ttl_us, now)
+            }
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(redis) => redis.reserve(hold, estimate, ttl_us).await,
+        }
+    }
+
+    /// Settles the reservation `hold.nonce` (commit or release); limit `j`
+    /// may go past itself by `overdrafts[j]` hits.
+    pub async fn settle(
+        &self,
+        hold: Hold<'_>,
+        how: Settle,
+        overdrafts: &[u64],
+    ) -> Result<Settled, ReservationError> {
+        let _permit = self.in_flight.acquire().await.ok();
+        match &self.store {
+            AnyStore::Memory(memory) => {
+                let now = crate::clock::now_unix_us();
+                self.book.settle(memory, hold, how, overdrafts, now)
+            }
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(redis) => redis.settle(hold, how, overdrafts).await,
+        }
+    }
+
+    /// The estimates of `rule`'s open reservations on `counter_key`, summed:
+    /// what this region holds and has not settled.
+    pub async fn outstanding(&self, rule: &str, counter_key: &str) -> Result<u64, StoreError> {
+        match &self.store {
+            AnyStore::Memory(_) => {
+                Ok(self
+                    .book
+                    .outstanding(rule, counter_key, crate::clock::now_unix_us())?)
+            }
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(redis) => redis.outstanding(rule, counter_key).await,
+        }
     }
 
     /// Sends the approximate path's pending deltas now (tests, benchmarks, shutdown).

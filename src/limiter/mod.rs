@@ -22,6 +22,8 @@ pub mod http;
 
 pub use engine::{Engine, EngineConfig};
 pub mod overrides;
+pub mod reservation_id;
+pub mod reserve;
 pub mod reset;
 #[cfg(feature = "server")]
 pub mod reset_feed;

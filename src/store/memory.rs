@@ -289,7 +289,10 @@ impl MemoryStore {
         let mut out = Vec::with_capacity(limits.len());
         for (j, ((state_key, hash), limit)) in keys.iter().zip(limits).enumerate() {
             let shard = &mut guards[slot(*hash)];
-            let held = shard.entries.find(*hash, |e| *e.key == **state_key).is_some();
+            let held = shard
+                .entries
+                .find(*hash, |e| *e.key == **state_key)
+                .is_some();
             if !held && shard.entries.len() >= self.per_shard {
                 let mut fresh = KeyState::fresh(limit.params.algorithm());
                 out.push((R::default(), fresh.decide(now, 0, &limit.params).decision));

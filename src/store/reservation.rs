@@ -129,7 +129,9 @@ pub enum ReservationError {
     )]
     Unknown,
     /// Made in another region, whose store holds it.
-    #[error("reservation id of region {made_in:?}; commit or release it there (this is region {here:?})")]
+    #[error(
+        "reservation id of region {made_in:?}; commit or release it there (this is region {here:?})"
+    )]
     OtherRegion {
         /// The region whose limiter made it.
         made_in: String,
@@ -137,7 +139,9 @@ pub enum ReservationError {
         here: String,
     },
     /// Its ttl passed before it was settled: it stayed charged at its estimate.
-    #[error("reservation expired at its ttl and settled at its estimate ({estimate}); nothing changed")]
+    #[error(
+        "reservation expired at its ttl and settled at its estimate ({estimate}); nothing changed"
+    )]
     Expired {
         /// The estimate it stays charged at.
         estimate: u64,
@@ -240,7 +244,11 @@ impl MemoryBook {
             book.sweep(now);
             if book.records.len() >= self.max_records {
                 return Err(ReservationError::TooManyOpen {
-                    what: format!("{} held in memory, at most {}", book.records.len(), self.max_records),
+                    what: format!(
+                        "{} held in memory, at most {}",
+                        book.records.len(),
+                        self.max_records
+                    ),
                 });
             }
         }
@@ -325,7 +333,10 @@ impl MemoryBook {
                 (back, 0)
             } else {
                 let overdraft = overdrafts.get(j).copied().unwrap_or(0);
-                (0, settle::charge(state, now, actual - estimate, overdraft, params))
+                (
+                    0,
+                    settle::charge(state, now, actual - estimate, overdraft, params),
+                )
             }
         })?;
         let limits: Vec<LimitSettled> = settled
@@ -357,7 +368,12 @@ impl MemoryBook {
     /// The estimates of `limits[0]`'s rule and `key`'s open reservations at
     /// `now`: what the region holds but has not settled (the demand report's
     /// hook for global rules).
-    pub fn outstanding(&self, rule: &str, counter_key: &str, now: Micros) -> Result<u64, InvalidInput> {
+    pub fn outstanding(
+        &self,
+        rule: &str,
+        counter_key: &str,
+        now: Micros,
+    ) -> Result<u64, InvalidInput> {
         let prefix = key::key_prefix(rule, counter_key)?;
         let book = self.lock();
         Ok(book.open.get(&prefix).map_or(0, |open| {

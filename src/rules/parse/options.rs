@@ -188,9 +188,7 @@ impl Cx<'_> {
                 Some(o) => self.err(
                     line(n),
                     "max_overdraft",
-                    format!(
-                        "must be 0 (never past the limit) or more hits of debt, found {o}"
-                    ),
+                    format!("must be 0 (never past the limit) or more hits of debt, found {o}"),
                 ),
                 None => {}
             }

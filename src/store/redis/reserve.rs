@@ -22,8 +22,16 @@ pub(super) struct Scripts {
 impl Scripts {
     pub(super) fn new() -> Scripts {
         Scripts {
-            reserve: Script::new(&format!("{}{}", multi_library(), include_str!("scripts/reserve.lua"))),
-            settle: Script::new(&format!("{}{}", multi_library(), include_str!("scripts/settle.lua"))),
+            reserve: Script::new(&format!(
+                "{}{}",
+                multi_library(),
+                include_str!("scripts/reserve.lua")
+            )),
+            settle: Script::new(&format!(
+                "{}{}",
+                multi_library(),
+                include_str!("scripts/settle.lua")
+            )),
             outstanding: Script::new(include_str!("scripts/outstanding.lua")),
         }
     }
@@ -65,11 +73,13 @@ impl RedisStore {
                     reply.get(2).copied().unwrap_or_default()
                 ),
             }),
-            -2 => Err(ReservationError::Invalid(crate::algorithm::InvalidInput::new(
-                "nonce",
-                "(random)",
-                "collides with a held reservation; reserve again",
-            ))),
+            -2 => Err(ReservationError::Invalid(
+                crate::algorithm::InvalidInput::new(
+                    "nonce",
+                    "(random)",
+                    "collides with a held reservation; reserve again",
+                ),
+            )),
             0 | 1 => Ok(Reserved {
                 admitted: status == 1,
                 decisions: reply[2..]
@@ -111,7 +121,9 @@ impl RedisStore {
             [-2, estimate, ..] => Err(ReservationError::Expired {
                 estimate: non_negative(*estimate)?,
             }),
-            [-3, _, was, ..] => Err(ReservationError::AlreadySettled { was: settle_of(*was) }),
+            [-3, _, was, ..] => Err(ReservationError::AlreadySettled {
+                was: settle_of(*was),
+            }),
             [status @ (1 | 2), estimate, was, rest @ ..] if rest.len() == 4 * hold.limits.len() => {
                 let limits = rest
                     .chunks(4)
@@ -151,7 +163,9 @@ impl RedisStore {
         match reply.as_slice() {
             [total] => u64::try_from(*total)
                 .map_err(|_| StoreError::Reply(format!("negative total {total}"))),
-            _ => Err(StoreError::Reply(format!("expected one total, got {reply:?}"))),
+            _ => Err(StoreError::Reply(format!(
+                "expected one total, got {reply:?}"
+            ))),
         }
     }
 
