@@ -19,6 +19,8 @@ pub mod grpc;
 pub mod health;
 #[cfg(feature = "server")]
 pub mod http;
+#[cfg(feature = "server")]
+mod http_reserve;
 
 pub use engine::{Engine, EngineConfig};
 pub mod overrides;
