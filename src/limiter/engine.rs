@@ -109,7 +109,15 @@ pub struct Engine {
     /// Reservation records when counters are in `store`'s memory (Redis
     /// keeps them itself); bounded, see `MemoryBook`.
     book: MemoryBook,
+    /// Reservation calls at the store at most ([`RESERVATIONS_IN_FLIGHT`]);
+    /// more wait here, before their deadline starts. Each is a script call
+    /// of its own (none is coalesced like checks), and 128 of them queued
+    /// on one connection missed a 20 ms deadline together.
+    reservations_in_flight: tokio::sync::Semaphore,
 }
+
+/// See `Engine::reservations_in_flight`.
+const RESERVATIONS_IN_FLIGHT: usize = 16;
 /// One check for the engine: a matched rule, the counter within it, and the
 /// hits to consume (0 = check only). `limit` overrides the rule's requests per
 /// unit (Envoy's per-descriptor `limit`).
@@ -139,6 +147,7 @@ impl Engine {
             pods_in_region: config.pods_in_region.max(1),
             metrics: CheckMetrics::new(config.max_value_metrics),
             book: MemoryBook::default(),
+            reservations_in_flight: tokio::sync::Semaphore::new(RESERVATIONS_IN_FLIGHT),
         }
     }
 
@@ -410,7 +419,7 @@ impl Engine {
 
     /// Reserves `estimate` against every limit of `hold` for `ttl_us`
     /// (`store::reservation`): admitted only when all admit, then charged
-    /// and recorded atomically. Behind the in-flight cap, not the breaker
+    /// and recorded atomically. Behind an in-flight cap of its own, not the breaker
     /// or the fail mode: a reservation no store recorded could never be
     /// settled, so a store failure is the caller's error to see.
     pub async fn reserve(
@@ -419,7 +428,7 @@ impl Engine {
         estimate: u64,
         ttl_us: crate::algorithm::Micros,
     ) -> Result<Reserved, ReservationError> {
-        let _permit = self.in_flight.acquire().await.ok();
+        let _permit = self.reservations_in_flight.acquire().await.ok();
         match &self.store {
             AnyStore::Memory(memory) => {
                 let now = crate::clock::now_unix_us();
@@ -438,7 +447,7 @@ impl Engine {
         how: Settle,
         overdrafts: &[u64],
     ) -> Result<Settled, ReservationError> {
-        let _permit = self.in_flight.acquire().await.ok();
+        let _permit = self.reservations_in_flight.acquire().await.ok();
         match &self.store {
             AnyStore::Memory(memory) => {
                 let now = crate::clock::now_unix_us();

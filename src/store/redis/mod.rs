@@ -224,7 +224,13 @@ impl RedisStore {
     /// SCRIPT LOAD reaches one node only, so there it is left to NOSCRIPT.
     async fn preload(&self, within: Duration) {
         let loading = async {
-            for script in self.scripts.iter().chain([&self.flush, &self.multi]) {
+            let reservations = self.reservations.all();
+            for script in self
+                .scripts
+                .iter()
+                .chain([&self.flush, &self.multi])
+                .chain(reservations)
+            {
                 match self.connection.clone() {
                     Connection::Standalone(mut c) => script.load_async(&mut c).await?,
                     Connection::Sentinel(mut c) => script.load_async(&mut c).await?,

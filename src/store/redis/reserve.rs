@@ -37,6 +37,14 @@ impl Scripts {
     }
 }
 
+impl Scripts {
+    /// Every reservation script, for preloading: the first reservations
+    /// arrive together as often as not, and each would pay a NOSCRIPT.
+    pub(super) fn all(&self) -> [&Script; 3] {
+        [&self.reserve, &self.settle, &self.outstanding]
+    }
+}
+
 impl RedisStore {
     /// Reserves `estimate` against every limit of `hold` for `ttl_us` on
     /// the Redis clock: admitted only when all admit, then charged and
