@@ -195,3 +195,42 @@ impl Cx<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::rules::{RuleFile, RuleSet};
+
+    fn parse(fields: &str) -> Result<RuleSet, String> {
+        let text = format!(
+            "domain: llm\ndescriptors:\n  - key: customer\n{fields}    rate_limit: {{unit: hour, requests_per_unit: 1000}}\n"
+        );
+        RuleSet::parse(&[RuleFile {
+            name: "rules.yaml".into(),
+            text,
+        }])
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn cost_quota_fields_default_and_are_validated_naming_the_field() {
+        let rules = parse("").expect("valid");
+        let rule = rules.rules().next().expect("a rule");
+        let params = rule.params.as_ref().expect("params");
+        assert_eq!((rule.max_cost, rule.overdraft(params)), (None, 1000));
+        let rules = parse("    max_cost: 500\n    max_overdraft: 0\n").expect("valid");
+        let rule = rules.rules().next().expect("a rule");
+        assert_eq!((rule.max_cost, rule.max_overdraft), (Some(500), Some(0)));
+        for (fields, field) in [
+            ("    max_cost: 0\n", "max_cost"),
+            ("    max_cost: -3\n", "max_cost"),
+            ("    max_overdraft: -1\n", "max_overdraft"),
+            ("    max_overdraft: 99999999999999999\n", "max_overdraft"),
+        ] {
+            let e = parse(fields).expect_err(fields);
+            assert!(
+                e.contains(&format!("rules.yaml:4: {field}")),
+                "{fields}: {e}"
+            );
+        }
+    }
+}
