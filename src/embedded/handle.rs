@@ -14,16 +14,18 @@
 //! `None` (not limited), as `check_rule` does, until a rule of that name
 //! comes back.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use futures::future::{self, Either};
 
 use super::Limiter;
 use crate::algorithm::InvalidInput;
+use crate::limiter::Verdict;
 use crate::limiter::check_metrics::RuleMetrics;
 use crate::limiter::engine::Check;
 use crate::limiter::service::Service;
-use crate::limiter::Verdict;
 use crate::overrides::OverrideIndex;
 use crate::rules::Rule;
 use crate::store::{Limit, key};
@@ -71,6 +73,27 @@ impl Limiter {
     /// `domain`, for checks that skip matching (see [`RuleHandle`]). An
     /// error names the field when the domain is empty, has no rule of that
     /// name, or has several.
+    ///
+    /// ```
+    /// use meridian::Limiter;
+    /// use meridian::store::MemoryStore;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = Limiter::from_yaml(
+    ///     "domain: api\ndescriptors:\n  - key: customer\n    rate_limit: {name: per_customer, unit: minute, requests_per_unit: 2}\n",
+    ///     MemoryStore::new(),
+    /// )?;
+    /// let per_customer = limiter.rule("api", "per_customer")?;
+    /// # futures::executor::block_on(async {
+    /// let first = per_customer.check("42", 1).await?.expect("the rule is there");
+    /// assert_eq!((first.decision.allowed, first.decision.remaining), (true, 1));
+    /// assert!(per_customer.check("42", 2).await?.is_some_and(|v| !v.decision.allowed));
+    /// # Ok::<_, meridian::algorithm::InvalidInput>(())
+    /// # })?;
+    /// assert!(limiter.rule("api", "per_path").is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn rule(&self, domain: &str, rule: &str) -> Result<RuleHandle, InvalidInput> {
         let handle = RuleHandle {
             service: Arc::clone(&self.inner),
@@ -100,13 +123,28 @@ impl Limiter {
 impl RuleHandle {
     /// Decides `key` under the handle's rule, consuming `cost` hits (0 =
     /// check only): the same verdict as [`Limiter::check_rule`] with this
-    /// domain and rule name. On the embedded store the future is ready at
-    /// its first poll (nothing awaits). `None` when the rule is no longer
-    /// in the rules.
-    pub async fn check(&self, key: &str, cost: u64) -> Result<Option<Verdict>, InvalidInput> {
-        if let Some(decided) = self.check_in_process(key, cost) {
-            return decided;
+    /// domain and rule name. `None` when the rule is no longer in the rules.
+    ///
+    /// On the embedded store a one-limit rule is decided when this is
+    /// called, and the future it returns is a ready answer of a few words:
+    /// awaiting it costs nothing. Anything else (another store, an
+    /// overridden key, a rule of another shape) is decided when the future
+    /// is polled, on the engine's general path.
+    pub fn check<'a>(
+        &'a self,
+        key: &'a str,
+        cost: u64,
+    ) -> impl Future<Output = Result<Option<Verdict>, InvalidInput>> + Send + 'a {
+        // A small future for the common case: the general path's state
+        // machine is hundreds of bytes, moved on every call if inlined.
+        match self.check_in_process(key, cost) {
+            Some(decided) => Either::Left(future::ready(decided)),
+            None => Either::Right(Box::pin(self.check_general(key, cost))),
         }
+    }
+
+    /// The engine's general path, through the service as `check_rule` goes.
+    async fn check_general(&self, key: &str, cost: u64) -> Result<Option<Verdict>, InvalidInput> {
         let resolved = self.current_owned();
         let target = match &resolved.target {
             Ok(Some(target)) => target,
@@ -358,7 +396,11 @@ mod tests {
     fn a_handle_follows_replaced_rules_and_overrides() {
         let limiter = limiter(&rules(Algorithm::FixedWindow, 5, false));
         let handle = limiter.rule("api", "per_customer").expect("handle");
-        let check = |key: &str| block_on(handle.check(key, 1)).expect("valid").map(|v| v.decision);
+        let check = |key: &str| {
+            block_on(handle.check(key, 1))
+                .expect("valid")
+                .map(|v| v.decision)
+        };
         assert_eq!(check("a").map(|d| (d.limit, d.remaining)), Some((5, 4)));
 
         limiter
@@ -394,7 +436,10 @@ mod tests {
     fn a_handle_on_no_rule_or_a_bad_key_is_refused_naming_the_field() {
         let limiter = limiter(&rules(Algorithm::FixedWindow, 5, false));
         assert_eq!(limiter.rule("api", "nope").unwrap_err().field, "rule");
-        assert_eq!(limiter.rule("", "per_customer").unwrap_err().field, "domain");
+        assert_eq!(
+            limiter.rule("", "per_customer").unwrap_err().field,
+            "domain"
+        );
         let handle = limiter.rule("api", "per_customer").expect("handle");
         let long = "k".repeat(600);
         assert_eq!(block_on(handle.check(&long, 1)).unwrap_err().field, "key");

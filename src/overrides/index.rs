@@ -85,7 +85,9 @@ impl OverrideIndex {
     /// Whether any override (in force or not) is held for the rule `rule_id`:
     /// a rule handle that finds none skips the per-key lookup.
     pub fn has_rule(&self, rule_id: &str) -> bool {
-        self.by_rule.get(rule_id).is_some_and(|keys| !keys.is_empty())
+        self.by_rule
+            .get(rule_id)
+            .is_some_and(|keys| !keys.is_empty())
     }
 
     /// The params `key` of `rule` is held to at `now`, when an override in

@@ -23,8 +23,8 @@ pub const DEFAULT_CAPACITY: usize = 1_000_000;
 ///
 /// Bounded: at most `capacity` keys (rounded up to a multiple of 64), each
 /// holding its rule's name and the client's key, unescaped (at most
-/// 2 × `key::MAX_KEY_LEN` = 1,024 bytes), plus 80 bytes of entry and its state
-/// (a sliding log's grows with its limit, the others are a few words). A full shard first drops expired state; if that
+/// 2 × `key::MAX_KEY_LEN` = 1,024 bytes), plus 104 bytes of entry holding its
+/// state (a sliding log's timestamps also take 8 bytes per hit in its period). A full shard first drops expired state; if that
 /// frees nothing, a new key is denied with [`DenyReason::StoreFull`] while
 /// the keys already held are decided as usual. Forgetting a held key instead
 /// would reset its count, which a flood of fresh keys could then do at will.
@@ -172,8 +172,7 @@ impl MemoryStore {
             shard.entries.retain(|e| e.expires_at > now);
             shard.since_sweep = 0;
         }
-        if shard.entries.len() >= self.per_shard
-            && shard.entries.find(hash, |e| id.is(e)).is_none()
+        if shard.entries.len() >= self.per_shard && shard.entries.find(hash, |e| id.is(e)).is_none()
         {
             shard.entries.retain(|e| e.expires_at > now);
             shard.since_sweep = 0;
@@ -464,6 +463,18 @@ mod tests {
         // Once the window is over, expired keys make room again.
         let later = 120_000_000;
         assert!(store.check_at(&l, "fresh", 1, later).unwrap().allowed);
+    }
+
+    /// The per-key bound the type's doc states: an entry's own bytes (its
+    /// name and a sliding log's timestamps live in their own allocations).
+    #[test]
+    fn an_entry_is_no_larger_than_documented() {
+        const ENTRY_BYTES: usize = 104;
+        assert!(
+            std::mem::size_of::<Entry>() <= ENTRY_BYTES,
+            "{} bytes",
+            std::mem::size_of::<Entry>()
+        );
     }
 
     #[test]
