@@ -259,12 +259,10 @@ impl Engine {
         metric_key: Option<&str>,
         metrics: &RuleMetrics,
     ) -> Option<Result<Verdict, InvalidInput>> {
-        let AnyStore::Memory(store) = &self.store else {
-            return None;
-        };
         if rule.split > 1 {
             return None;
         }
+        let store = self.store.in_process()?;
         let started = metrics.timed().then(Instant::now);
         let now = crate::clock::now_unix_us();
         let decided = match cost {
