@@ -43,7 +43,11 @@
 //! # }
 //! ```
 
+mod handle;
+
 use std::sync::Arc;
+
+pub use handle::RuleHandle;
 
 use crate::algorithm::InvalidInput;
 use crate::limiter::reserve::{ReserveAnswer, ReserveRequest, SettleAnswer};
@@ -77,7 +81,8 @@ pub struct KeyOverride<'a> {
 
 /// An in-process rate limiter built from rules and a store.
 pub struct Limiter {
-    inner: service::Service,
+    /// Shared with the [`RuleHandle`]s made from it.
+    inner: Arc<service::Service>,
 }
 
 /// Builds a [`Limiter`]: rules (YAML text, one domain per file), a store,
@@ -348,10 +353,10 @@ impl Builder {
         let store = self.store.ok_or(BuildError::NoStore)?;
         let rules = RuleSet::parse(&self.files)?;
         Ok(Limiter {
-            inner: service::Service::uncoordinated(
+            inner: Arc::new(service::Service::uncoordinated(
                 Engine::new(store, &self.config),
                 Arc::new(RuleSource::fixed(rules)),
-            ),
+            )),
         })
     }
 }

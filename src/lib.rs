@@ -68,7 +68,7 @@ mod tls;
 #[cfg(feature = "server")]
 mod traces;
 
-pub use embedded::{BuildError, Builder, KeyOverride, Limiter};
+pub use embedded::{BuildError, Builder, KeyOverride, Limiter, RuleHandle};
 pub use limiter::reserve::{ReserveAnswer, SettleAnswer};
 pub use limiter::reset::{Cleared, ResetError, ResetOutcome, ResetRule};
 pub use limiter::{EngineConfig, Source, Verdict};

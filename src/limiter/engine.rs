@@ -7,6 +7,7 @@
 //! Matching a request to rules happens before (in the API layers, through
 //! `RuleSet::resolve`); the engine decides one (rule, counter key, cost).
 
+use std::sync::Arc;
 #[cfg(feature = "redis")]
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -17,7 +18,7 @@ use metrics::{counter, gauge};
 use super::batcher::{self, Batcher, Batching};
 use super::breaker::Breaker;
 use super::cache::OverLimitCache;
-use super::check_metrics::CheckMetrics;
+use super::check_metrics::{CheckMetrics, RuleMetrics};
 use super::counters::{self, Cleared};
 use super::split::SubCounters;
 use super::verdict::{Source, Verdict, cached_denial, fail_decision, shadow, tightest, unlimited};
@@ -177,7 +178,6 @@ impl Engine {
     }
 
     pub async fn check(&self, check: Check<'_>) -> Result<Verdict, InvalidInput> {
-        let started = Instant::now();
         let rule = check.rule;
         if rule.denies_all() && check.limit.is_none() {
             let verdict = self.denial_to_window_end(rule, Source::ZeroLimit);
@@ -201,6 +201,18 @@ impl Engine {
             rule: rule.id.clone(),
             params: params.clone(),
         };
+        let metrics = self.metrics.rule_metrics(&rule.id);
+        if let Some(verdict) = self.check_in_process(
+            rule,
+            &limit,
+            check.counter_key,
+            check.cost,
+            check.metric_key,
+            &metrics,
+        ) {
+            return verdict;
+        }
+        let started = Instant::now();
         let cache_key = cache_key(rule, check.counter_key, check.limit);
 
         let (decision, source) = if let Some(until) = self.cache.denied_until(&cache_key, started) {
@@ -233,9 +245,60 @@ impl Engine {
         };
 
         let verdict = shadow(rule, decision, source);
-        self.metrics
-            .record(rule, &verdict, check.metric_key, started.elapsed());
+        self.metrics.record_for(
+            &metrics,
+            rule,
+            &verdict,
+            check.metric_key,
+            Some(started.elapsed()),
+        );
         Ok(verdict)
+    }
+
+    /// One limit of a one-limit rule on the embedded store, decided in
+    /// place and synchronously: what [`Engine::check`] does for it, and what
+    /// the library's rule handles call directly with a `limit` built once.
+    /// No over-limit cache (the store is in process: a cached denial would
+    /// save nothing and answer less exactly than the store), no breaker and
+    /// no in-flight cap (it can neither fail nor queue), and the clock read
+    /// for the duration metric only when a recorder is installed. `None`
+    /// for any other store, and for a split rule (its sub-counter is picked
+    /// at random: the general path decides it).
+    pub(crate) fn check_in_process(
+        &self,
+        rule: &Rule,
+        limit: &Limit,
+        key: &str,
+        cost: u64,
+        metric_key: Option<&str>,
+        metrics: &RuleMetrics,
+    ) -> Option<Result<Verdict, InvalidInput>> {
+        if rule.split > 1 {
+            return None;
+        }
+        let store = self.store.in_process()?;
+        let started = metrics.timed().then(Instant::now);
+        let now = crate::clock::now_unix_us();
+        let decided = match cost {
+            0 => store.peek_at(limit, key, now),
+            _ => store.check_at(limit, key, cost, now),
+        };
+        Some(decided.map(|decision| {
+            let verdict = shadow(rule, decision, Source::Store);
+            self.metrics.record_for(
+                metrics,
+                rule,
+                &verdict,
+                metric_key,
+                started.map(|s| s.elapsed()),
+            );
+            verdict
+        }))
+    }
+
+    /// The rule's metric handles (registered with its first check).
+    pub(crate) fn rule_metrics(&self, rule: &Rule) -> Arc<RuleMetrics> {
+        self.metrics.rule_metrics(&rule.id)
     }
 
     /// A rule with `limits:`, checked against `limits` (the rule's own, or
@@ -655,8 +718,10 @@ mod tests {
 
     /// Checks of one rule with a limit of 5, counted (`check_metrics`) under a recorder of the
     /// test's own: every (outcome, reason) series exists from the first
-    /// check, the allows and the denial land under their reasons, and the
-    /// one allow that left under 20 % of the limit counts as near it.
+    /// check, the allows and the denials land under their reasons (the
+    /// embedded store keeps no over-limit cache: both denials are its own),
+    /// the one allow that left under 20 % of the limit counts as near it,
+    /// and with a recorder installed every check is timed.
     #[test]
     fn checks_are_counted_by_outcome_and_reason_with_near_limit_ones() {
         let rules = RuleSet::parse(&[RuleFile {
@@ -699,10 +764,14 @@ mod tests {
         };
         let series = |o: &str, r: &str| format!("rule=\"api|otp\",outcome=\"{o}\",reason=\"{r}\"");
         assert_eq!(value(&series("allowed", "ok")), Some(5.0), "{text}");
-        assert_eq!(value(&series("denied", "over_limit")), Some(1.0), "{text}");
+        assert_eq!(value(&series("denied", "over_limit")), Some(2.0), "{text}");
         assert_eq!(
             value(&series("denied", "cached_over_limit")),
-            Some(1.0),
+            Some(0.0),
+            "{text}"
+        );
+        assert!(
+            text.contains("meridian_check_duration_seconds_count{rule=\"api|otp\"} 7\n"),
             "{text}"
         );
         for (outcome, reason) in CHECK_SERIES {

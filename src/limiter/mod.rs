@@ -4,7 +4,7 @@
 pub mod batcher;
 mod breaker;
 mod cache;
-mod check_metrics;
+pub(crate) mod check_metrics;
 #[cfg(feature = "server")]
 pub mod cli;
 pub mod counters;

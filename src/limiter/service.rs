@@ -344,7 +344,7 @@ impl Service {
 impl Service {
     /// One check: a global rule runs against this region's allocation (and
     /// is counted for the demand report); every other rule as is.
-    async fn decide(&self, check: Check<'_>) -> Result<Verdict, InvalidInput> {
+    pub(crate) async fn decide(&self, check: Check<'_>) -> Result<Verdict, InvalidInput> {
         // Before anything is stored under the key: the over-limit cache, the
         // demand counts and the fail-mode store all keep it.
         key::check(&check.rule.id, check.counter_key)?;

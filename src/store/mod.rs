@@ -174,6 +174,15 @@ impl AnyStore {
         }
     }
 
+    /// The embedded store, when this is one: it decides in place.
+    pub fn in_process(&self) -> Option<&MemoryStore> {
+        match self {
+            AnyStore::Memory(s) => Some(s),
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(_) => None,
+        }
+    }
+
     /// Whether the store answers (readiness).
     pub async fn ping(&self) -> Result<(), StoreError> {
         match self {
