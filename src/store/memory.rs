@@ -3,7 +3,7 @@
 //! different keys rarely meet on a lock.
 
 use std::hash::BuildHasher;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
@@ -213,24 +213,8 @@ impl MemoryStore {
                 return Ok(vec![denied]);
             }
         }
-        let mut keys = Vec::with_capacity(limits.len());
-        for (j, limit) in limits.iter().enumerate() {
-            key::check(&limit.rule, key)?;
-            let id = StateId {
-                rule: &limit.rule,
-                key,
-                algorithm: limit.params.algorithm(),
-                limit_index: limit_index(j)?,
-            };
-            keys.push((id, id.hash(&self.hasher)));
-        }
-        let mut order: Vec<usize> = keys.iter().map(|(_, h)| *h as usize % SHARDS).collect();
-        order.sort_unstable();
-        order.dedup();
-        let mut guards: Vec<_> = order
-            .iter()
-            .map(|&i| self.shards[i].lock().unwrap_or_else(|e| e.into_inner()))
-            .collect();
+        let keys = self.state_ids(limits, key)?;
+        let (order, mut guards) = self.lock_shards(&keys);
         let slot = |hash: u64| order.binary_search(&(hash as usize % SHARDS)).unwrap_or(0);
         for (id, hash) in &keys {
             let shard = &mut guards[slot(*hash)];
@@ -288,6 +272,40 @@ impl MemoryStore {
         Ok(decided.into_iter().map(|(_, o)| o.decision).collect())
     }
 
+    /// Each limit's entry id for `key`, with its hash (the key validated).
+    fn state_ids<'a>(
+        &self,
+        limits: &'a [Limit],
+        key: &'a str,
+    ) -> Result<Vec<(StateId<'a>, u64)>, InvalidInput> {
+        let mut keys = Vec::with_capacity(limits.len());
+        for (j, limit) in limits.iter().enumerate() {
+            key::check(&limit.rule, key)?;
+            let id = StateId {
+                rule: &limit.rule,
+                key,
+                algorithm: limit.params.algorithm(),
+                limit_index: limit_index(j)?,
+            };
+            keys.push((id, id.hash(&self.hasher)));
+        }
+        Ok(keys)
+    }
+
+    /// Locks the shards of `keys` in shard order (so two multi-limit calls
+    /// never wait on each other crosswise): the shard indexes, sorted, and
+    /// their guards in the same order.
+    fn lock_shards(&self, keys: &[(StateId<'_>, u64)]) -> (Vec<usize>, Vec<MutexGuard<'_, Shard>>) {
+        let mut order: Vec<usize> = keys.iter().map(|(_, h)| *h as usize % SHARDS).collect();
+        order.sort_unstable();
+        order.dedup();
+        let guards = order
+            .iter()
+            .map(|&i| self.shards[i].lock().unwrap_or_else(|e| e.into_inner()))
+            .collect();
+        (order, guards)
+    }
+
     /// Runs `settle(j, state)` on `key`'s live state under each of `limits`
     /// (fresh state where none is held), with the shards involved locked
     /// together as in [`MemoryStore::check_all_at`], and keeps each state for
@@ -302,31 +320,13 @@ impl MemoryStore {
         now: Micros,
         mut settle: impl FnMut(usize, &mut KeyState) -> (R, crate::algorithm::Outcome),
     ) -> Result<Vec<(R, Decision)>, InvalidInput> {
-        let mut keys = Vec::with_capacity(limits.len());
-        for (j, limit) in limits.iter().enumerate() {
-            let mut state_key = String::new();
-            key::write_state_key(&mut state_key, &limit.rule, key, limit.params.algorithm())?;
-            if j > 0 {
-                state_key.push_str(&format!("#{j}"));
-            }
-            let hash = self.hasher.hash_one(&state_key);
-            keys.push((state_key, hash));
-        }
-        let mut order: Vec<usize> = keys.iter().map(|(_, h)| *h as usize % SHARDS).collect();
-        order.sort_unstable();
-        order.dedup();
-        let mut guards: Vec<_> = order
-            .iter()
-            .map(|&i| self.shards[i].lock().unwrap_or_else(|e| e.into_inner()))
-            .collect();
+        let keys = self.state_ids(limits, key)?;
+        let (order, mut guards) = self.lock_shards(&keys);
         let slot = |hash: u64| order.binary_search(&(hash as usize % SHARDS)).unwrap_or(0);
         let mut out = Vec::with_capacity(limits.len());
-        for (j, ((state_key, hash), limit)) in keys.iter().zip(limits).enumerate() {
+        for (j, ((id, hash), limit)) in keys.iter().zip(limits).enumerate() {
             let shard = &mut guards[slot(*hash)];
-            let held = shard
-                .entries
-                .find(*hash, |e| *e.key == **state_key)
-                .is_some();
+            let held = shard.entries.find(*hash, |e| id.is(e)).is_some();
             if !held && shard.entries.len() >= self.per_shard {
                 let mut fresh = KeyState::fresh(limit.params.algorithm());
                 out.push((R::default(), fresh.decide(now, 0, &limit.params).decision));
@@ -334,13 +334,8 @@ impl MemoryStore {
             }
             let entry = shard
                 .entries
-                .entry(*hash, |e| *e.key == **state_key, |e| e.hash)
-                .or_insert_with(|| Entry {
-                    key: state_key.as_str().into(),
-                    hash: *hash,
-                    state: KeyState::fresh(limit.params.algorithm()),
-                    expires_at: 0,
-                })
+                .entry(*hash, |e| id.is(e), |e| e.hash)
+                .or_insert_with(|| id.entry(*hash, KeyState::fresh(limit.params.algorithm())))
                 .into_mut();
             if entry.expires_at <= now {
                 entry.state = KeyState::fresh(limit.params.algorithm());
