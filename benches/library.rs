@@ -1,29 +1,85 @@
-//! The in-process library (`meridian::Limiter` on the embedded store): decisions
-//! per second on one core, for one key and over 1 M keys, beside the `governor`
-//! crate's keyed limiter in the same run.
+//! The in-process library (`meridian::Limiter` on the embedded store): ns per
+//! decision through the service's path (`check_rule`, `check`) and through a
+//! rule handle (`Limiter::rule`), on one key, over 1 M keys and on two
+//! threads, beside the `governor` crate's keyed limiter in the same run.
 //!
 //! Run: `cargo bench --bench library`
+//!
+//! The two-thread benchmarks report wall time per decision over both threads
+//! (each thread checks its own half of the 1 M keys): perfect scaling halves
+//! the one-thread figure over 1 M keys.
 
+use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::time::Duration;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use futures::executor::block_on;
+use futures::FutureExt;
 use meridian::store::MemoryStore;
 use meridian::{KeyOverride, Limiter};
 
 const MANY_KEYS: usize = 1_000_000;
+const THREADS: usize = 2;
 
+/// Limits no benchmark reaches. The fixed window is an hour long so that a
+/// key's state outlives the walk through 1 M keys (a window of a second
+/// expired each key between two visits, and the store then dropped and
+/// re-inserted it: churn, not decisions). A GCRA key's state is empty, and
+/// kept its 1 s floor only, a few µs after each admitted hit at any rate
+/// this high: its 1 M-key figure includes that churn.
 const RULES: &str = r#"
 domain: api
 descriptors:
   - key: customer
     rate_limit:
       name: per_customer
+      unit: hour
+      requests_per_unit: 1000000000000
+  - key: gcra
+    algorithm: leaky_bucket
+    rate_limit:
+      name: per_customer_gcra
       unit: second
       requests_per_unit: 1000000000
 "#;
+
+/// Drives a check that the embedded store decides at its first poll, as an
+/// `.await` in a gateway's async handler would: no executor, no parking.
+fn ready<F: Future>(check: F) -> F::Output {
+    check
+        .now_or_never()
+        .expect("the embedded store never waits")
+}
+
+/// Wall time for `iters` decisions on each of [`THREADS`] threads, per
+/// decision: `decide(thread, i)` makes the i-th decision of a thread.
+fn on_threads<T>(iters: u64, decide: impl Fn(usize, u64) -> T + Sync) -> Duration {
+    let start = Barrier::new(THREADS + 1);
+    // The scope ends once every thread has finished: `began` to then is the run.
+    let began = std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (start, decide) = (&start, &decide);
+            s.spawn(move || {
+                start.wait();
+                for i in 0..iters {
+                    black_box(decide(t, i));
+                }
+            });
+        }
+        start.wait();
+        Instant::now()
+    });
+    began.elapsed() / THREADS as u32
+}
+
+/// The key the i-th decision of thread `t` checks: each thread walks its own
+/// half of the keys.
+fn key_of(keys: &[String], t: usize, i: u64) -> &str {
+    let half = keys.len() / THREADS;
+    &keys[t * half + (i as usize % half)]
+}
 
 fn library(c: &mut Criterion) {
     let keys: Vec<String> = (0..MANY_KEYS).map(|i| format!("customer-{i}")).collect();
@@ -36,7 +92,7 @@ fn library(c: &mut Criterion) {
     let limiter = Limiter::from_yaml(RULES, MemoryStore::new()).expect("rules");
     group.bench_function("meridian/check_rule/one_key", |b| {
         b.iter(|| {
-            black_box(block_on(limiter.check_rule(
+            black_box(ready(limiter.check_rule(
                 "api",
                 "per_customer",
                 "customer-1",
@@ -46,7 +102,7 @@ fn library(c: &mut Criterion) {
     });
     group.bench_function("meridian/check_descriptor/one_key", |b| {
         b.iter(|| {
-            black_box(block_on(limiter.check(
+            black_box(ready(limiter.check(
                 "api",
                 &[("customer", "customer-1")],
                 1,
@@ -58,7 +114,7 @@ fn library(c: &mut Criterion) {
     group.bench_function("meridian/check_rule/1M_keys", |b| {
         b.iter(|| {
             i = (i + 1) % MANY_KEYS;
-            black_box(block_on(limiter.check_rule(
+            black_box(ready(limiter.check_rule(
                 "api",
                 "per_customer",
                 &keys[i],
@@ -66,6 +122,33 @@ fn library(c: &mut Criterion) {
             )))
         })
     });
+
+    // Rule handles: resolved once, then no matching, no allocation.
+    for (label, rule) in [
+        ("fixed_window", "per_customer"),
+        ("leaky_bucket", "per_customer_gcra"),
+    ] {
+        let limiter = Limiter::from_yaml(RULES, MemoryStore::new()).expect("rules");
+        let handle = limiter.rule("api", rule).expect("rule");
+        group.bench_function(format!("meridian/handle/{label}/one_key"), |b| {
+            b.iter(|| black_box(ready(handle.check("customer-1", 1))))
+        });
+        let mut i = 0;
+        group.bench_function(format!("meridian/handle/{label}/1M_keys"), |b| {
+            b.iter(|| {
+                i = (i + 1) % MANY_KEYS;
+                black_box(ready(handle.check(&keys[i], 1)))
+            })
+        });
+        group.bench_function(
+            format!("meridian/handle/{label}/1M_keys_{THREADS}_threads"),
+            |b| {
+                b.iter_custom(|iters| {
+                    on_threads(iters, |t, i| ready(handle.check(key_of(&keys, t, i), 1)))
+                })
+            },
+        );
+    }
 
     let quota = governor::Quota::per_second(NonZeroU32::new(1_000_000_000).expect("non-zero"));
     let keyed = governor::RateLimiter::keyed(quota);
@@ -79,6 +162,10 @@ fn library(c: &mut Criterion) {
             i = (i + 1) % MANY_KEYS;
             black_box(keyed.check_key(&keys[i].as_str()))
         })
+    });
+    let keyed = governor::RateLimiter::keyed(quota);
+    group.bench_function(format!("governor/keyed/1M_keys_{THREADS}_threads"), |b| {
+        b.iter_custom(|iters| on_threads(iters, |t, i| keyed.check_key(&key_of(&keys, t, i))))
     });
     group.finish();
 }
@@ -112,7 +199,7 @@ fn overrides(c: &mut Criterion) {
             ("overridden_key", "customer-7"),
         ] {
             group.bench_function(format!("{held}_held/{label}"), |b| {
-                b.iter(|| black_box(block_on(limiter.check_rule("api", "per_customer", key, 1))))
+                b.iter(|| black_box(ready(limiter.check_rule("api", "per_customer", key, 1))))
             });
         }
     }

@@ -13,7 +13,24 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::algorithm::Micros;
 
+#[cfg(test)]
+thread_local! {
+    /// A test's stopped clock (`freeze`): every read on this thread answers it.
+    static FROZEN: std::cell::Cell<Option<Duration>> = const { std::cell::Cell::new(None) };
+}
+
+/// Stops this thread's clock at `at` since the epoch (`None`: runs again), so
+/// that a test can drive two paths at the very same instant.
+#[cfg(test)]
+pub(crate) fn freeze(at: Option<Duration>) {
+    FROZEN.set(at);
+}
+
 fn since_epoch() -> Duration {
+    #[cfg(test)]
+    if let Some(at) = FROZEN.get() {
+        return at;
+    }
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)

@@ -43,15 +43,21 @@
 //! # }
 //! ```
 
+mod handle;
+
 use std::sync::Arc;
 
+pub use handle::RuleHandle;
+
 use crate::algorithm::InvalidInput;
+use crate::limiter::reserve::{ReserveAnswer, ReserveRequest, SettleAnswer};
 use crate::limiter::reset::{ResetError, ResetOutcome};
 use crate::limiter::service::{self, Descriptor, NativeCheck};
 use crate::limiter::{Engine, EngineConfig, RuleSource, Verdict};
 use crate::rules::{RuleErrors, RuleFile, RuleSet};
 #[cfg(feature = "redis")]
 use crate::store::RedisStore;
+use crate::store::reservation::ReservationError;
 use crate::store::{AnyStore, MemoryStore, StoreError};
 
 /// One key's own limit for [`Limiter::set_overrides`]: a descriptor (or a
@@ -75,7 +81,8 @@ pub struct KeyOverride<'a> {
 
 /// An in-process rate limiter built from rules and a store.
 pub struct Limiter {
-    inner: service::Service,
+    /// Shared with the [`RuleHandle`]s made from it.
+    inner: Arc<service::Service>,
 }
 
 /// Builds a [`Limiter`]: rules (YAML text, one domain per file), a store,
@@ -158,6 +165,85 @@ impl Limiter {
         match results.pop() {
             Some(result) => Ok(result?.map(|o| o.verdict)),
             None => Ok(None),
+        }
+    }
+
+    /// Holds `estimate` hits against every limit the descriptor (domain +
+    /// (key, value) entries) hits, for at most `ttl` (see
+    /// docs/cost-quotas.md). Admitted: the answer's `id` commits or
+    /// releases it; not admitted: nothing is held, `retry_after_us()` says
+    /// when it could be. No rule matching: `matched` false, nothing held.
+    pub async fn reserve(
+        &self,
+        domain: &str,
+        descriptor: &[(&str, &str)],
+        estimate: u64,
+        ttl: std::time::Duration,
+    ) -> Result<ReserveAnswer, ReservationError> {
+        self.inner
+            .reserve(&ReserveRequest {
+                domain: domain.to_owned(),
+                descriptor: descriptor
+                    .iter()
+                    .map(|&(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect(),
+                estimate,
+                ttl,
+                ..ReserveRequest::default()
+            })
+            .await
+    }
+
+    /// [`Limiter::reserve`] by rule name and key, as [`Limiter::check_rule`]
+    /// addresses a limit.
+    pub async fn reserve_rule(
+        &self,
+        domain: &str,
+        rule: &str,
+        key: &str,
+        estimate: u64,
+        ttl: std::time::Duration,
+    ) -> Result<ReserveAnswer, ReservationError> {
+        self.inner
+            .reserve(&ReserveRequest {
+                domain: domain.to_owned(),
+                rule: rule.to_owned(),
+                key: key.to_owned(),
+                estimate,
+                ttl,
+                ..ReserveRequest::default()
+            })
+            .await
+    }
+
+    /// Settles reservation `id` at its `actual` cost: refunds the unused
+    /// part of the estimate, or charges the excess (at most the rule's
+    /// `max_overdraft` past each limit). Retrying the same commit changes
+    /// nothing and answers the same (`replayed`).
+    pub async fn commit(&self, id: &str, actual: u64) -> Result<SettleAnswer, ReservationError> {
+        self.inner.commit(id, actual).await
+    }
+
+    /// Releases reservation `id`: its whole estimate back.
+    pub async fn release(&self, id: &str) -> Result<SettleAnswer, ReservationError> {
+        self.inner.release(id).await
+    }
+
+    /// The estimates of the open reservations on `key` under the rule
+    /// named `rule` in `domain`, summed (0 when there is no such rule).
+    pub async fn outstanding(
+        &self,
+        domain: &str,
+        rule: &str,
+        key: &str,
+    ) -> Result<u64, ReservationError> {
+        let rules = self.inner.rules.current();
+        let found = rules
+            .by_name(domain, rule)
+            .map_err(|e| InvalidInput::new("rule", rule, e.to_string()))?;
+        match found {
+            Some(r) => self.inner.outstanding(&r.id, key).await,
+            None => Ok(0),
         }
     }
 
@@ -267,10 +353,10 @@ impl Builder {
         let store = self.store.ok_or(BuildError::NoStore)?;
         let rules = RuleSet::parse(&self.files)?;
         Ok(Limiter {
-            inner: service::Service::uncoordinated(
+            inner: Arc::new(service::Service::uncoordinated(
                 Engine::new(store, &self.config),
                 Arc::new(RuleSource::fixed(rules)),
-            ),
+            )),
         })
     }
 }

@@ -68,6 +68,8 @@ mod tls;
 #[cfg(feature = "server")]
 mod traces;
 
-pub use embedded::{BuildError, Builder, KeyOverride, Limiter};
+pub use embedded::{BuildError, Builder, KeyOverride, Limiter, RuleHandle};
+pub use limiter::reserve::{ReserveAnswer, SettleAnswer};
 pub use limiter::reset::{Cleared, ResetError, ResetOutcome, ResetRule};
 pub use limiter::{EngineConfig, Source, Verdict};
+pub use store::reservation::{LimitSettled, ReservationError, Settle, Settled};

@@ -14,6 +14,7 @@ mod decision;
 pub mod fixed_window;
 pub mod leaky_bucket;
 mod params;
+pub mod settle;
 pub mod sliding_counter;
 pub mod sliding_log;
 pub mod token_bucket;

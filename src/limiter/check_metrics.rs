@@ -61,7 +61,7 @@ const STORE_ERROR_KINDS: [&str; 4] = ["timeout", "connection", "server", "reply"
 const NEAR_LIMIT_REMAINING: f64 = 0.2;
 
 /// The metrics every check of one rule records.
-struct RuleMetrics {
+pub(crate) struct RuleMetrics {
     /// `meridian_checks_total{outcome, reason}`, in [`CHECK_SERIES`] order.
     checks: [Counter; CHECK_SERIES.len()],
     /// Allowed checks that left less than [`NEAR_LIMIT_REMAINING`] of the limit.
@@ -71,11 +71,18 @@ struct RuleMetrics {
     /// before the first error.
     store_errors: [Counter; STORE_ERROR_KINDS.len()],
     duration: Histogram,
+    /// Whether a recorder was installed when these handles were registered:
+    /// without one every handle above is a no-op, and a check skips the two
+    /// clock reads its duration would cost (a quarter of an in-process
+    /// check). A recorder of no size (like `metrics`' own no-op one) holds
+    /// nothing to record into and counts as none.
+    timed: bool,
 }
 
 impl RuleMetrics {
     fn new(rule: &str) -> RuleMetrics {
         RuleMetrics {
+            timed: metrics::with_recorder(|r| std::mem::size_of_val(r) != 0),
             checks: CHECK_SERIES.map(|(outcome, reason)| {
                 counter!("meridian_checks_total", "rule" => rule.to_owned(), "outcome" => outcome, "reason" => reason)
             }),
@@ -87,8 +94,17 @@ impl RuleMetrics {
         }
     }
 
+    /// Whether checks of the rule time themselves (see the field).
+    pub(crate) fn timed(&self) -> bool {
+        self.timed
+    }
+
     /// The counter a verdict is counted under.
     fn checks(&self, verdict: &Verdict) -> &Counter {
+        if verdict.decision.allowed && !verdict.shadow_denied && verdict.source == Source::Store {
+            // The common case, without the search below.
+            return &self.checks[0];
+        }
         let outcome = match (verdict.decision.allowed, verdict.shadow_denied) {
             (_, true) => "shadow_denied",
             (true, false) => "allowed",
@@ -126,6 +142,19 @@ impl CheckMetrics {
         took: Duration,
     ) {
         let metrics = self.rule_metrics(&rule.id);
+        self.record_for(&metrics, rule, verdict, value, Some(took));
+    }
+
+    /// [`CheckMetrics::record`] with the rule's handles at hand (a rule
+    /// handle keeps them); `took` is `None` when the check was not timed.
+    pub(crate) fn record_for(
+        &self,
+        metrics: &RuleMetrics,
+        rule: &Rule,
+        verdict: &Verdict,
+        value: Option<&str>,
+        took: Option<Duration>,
+    ) {
         metrics.checks(verdict).increment(1);
         if let Some(value) = value {
             let outcome = match (verdict.decision.allowed, verdict.shadow_denied) {
@@ -143,12 +172,14 @@ impl CheckMetrics {
         {
             metrics.near_limit.increment(1);
         }
-        metrics.duration.record(took.as_secs_f64());
+        if let Some(took) = took.filter(|_| metrics.timed) {
+            metrics.duration.record(took.as_secs_f64());
+        }
     }
 
     /// The rule's metric handles, registered on its first check. Rule ids
     /// come from rule files, so the map holds one entry per rule ever loaded.
-    fn rule_metrics(&self, rule: &str) -> Arc<RuleMetrics> {
+    pub(crate) fn rule_metrics(&self, rule: &str) -> Arc<RuleMetrics> {
         // A poisoned lock only means another check panicked mid-insert; the
         // map itself is still whole.
         let known = self

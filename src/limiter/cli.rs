@@ -402,6 +402,7 @@ pub async fn run(args: LimiterArgs) -> anyhow::Result<()> {
         global: global.clone(),
         stop_increment: args.stop_increment_when_over_limit,
         overrides: overrides.clone(),
+        region: args.region.clone(),
     });
 
     let grpc = TcpListener::bind(args.grpc_addr)

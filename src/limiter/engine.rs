@@ -7,6 +7,7 @@
 //! Matching a request to rules happens before (in the API layers, through
 //! `RuleSet::resolve`); the engine decides one (rule, counter key, cost).
 
+use std::sync::Arc;
 #[cfg(feature = "redis")]
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -17,7 +18,7 @@ use metrics::{counter, gauge};
 use super::batcher::{self, Batcher, Batching};
 use super::breaker::Breaker;
 use super::cache::OverLimitCache;
-use super::check_metrics::CheckMetrics;
+use super::check_metrics::{CheckMetrics, RuleMetrics};
 use super::counters::{self, Cleared};
 use super::split::SubCounters;
 use super::verdict::{Source, Verdict, cached_denial, fail_decision, shadow, tightest, unlimited};
@@ -27,6 +28,7 @@ use crate::rules::Accuracy;
 use crate::rules::{FailMode, Rule};
 #[cfg(feature = "redis")]
 use crate::store::RedisStore;
+use crate::store::reservation::{Hold, MemoryBook, ReservationError, Reserved, Settle, Settled};
 use crate::store::{AnyStore, Counters, Limit, MemoryStore, Store, StoreError, key};
 
 /// Engine settings; defaults in [`EngineConfig::default`].
@@ -105,7 +107,18 @@ pub struct Engine {
     pods_in_region: u64,
     /// What every check counts, by rule (see `check_metrics`).
     metrics: CheckMetrics,
+    /// Reservation records when counters are in `store`'s memory (Redis
+    /// keeps them itself); bounded, see `MemoryBook`.
+    book: MemoryBook,
+    /// Reservation calls at the store at most ([`RESERVATIONS_IN_FLIGHT`]);
+    /// more wait here, before their deadline starts. Each is a script call
+    /// of its own (none is coalesced like checks), and 128 of them queued
+    /// on one connection missed a 20 ms deadline together.
+    reservations_in_flight: tokio::sync::Semaphore,
 }
+
+/// See `Engine::reservations_in_flight`.
+const RESERVATIONS_IN_FLIGHT: usize = 16;
 /// One check for the engine: a matched rule, the counter within it, and the
 /// hits to consume (0 = check only). `limit` overrides the rule's requests per
 /// unit (Envoy's per-descriptor `limit`).
@@ -134,6 +147,8 @@ impl Engine {
             in_flight: tokio::sync::Semaphore::new(config.max_in_flight.max(1)),
             pods_in_region: config.pods_in_region.max(1),
             metrics: CheckMetrics::new(config.max_value_metrics),
+            book: MemoryBook::default(),
+            reservations_in_flight: tokio::sync::Semaphore::new(RESERVATIONS_IN_FLIGHT),
         }
     }
 
@@ -163,7 +178,6 @@ impl Engine {
     }
 
     pub async fn check(&self, check: Check<'_>) -> Result<Verdict, InvalidInput> {
-        let started = Instant::now();
         let rule = check.rule;
         if rule.denies_all() && check.limit.is_none() {
             let verdict = self.denial_to_window_end(rule, Source::ZeroLimit);
@@ -187,6 +201,18 @@ impl Engine {
             rule: rule.id.clone(),
             params: params.clone(),
         };
+        let metrics = self.metrics.rule_metrics(&rule.id);
+        if let Some(verdict) = self.check_in_process(
+            rule,
+            &limit,
+            check.counter_key,
+            check.cost,
+            check.metric_key,
+            &metrics,
+        ) {
+            return verdict;
+        }
+        let started = Instant::now();
         let cache_key = cache_key(rule, check.counter_key, check.limit);
 
         let (decision, source) = if let Some(until) = self.cache.denied_until(&cache_key, started) {
@@ -219,9 +245,60 @@ impl Engine {
         };
 
         let verdict = shadow(rule, decision, source);
-        self.metrics
-            .record(rule, &verdict, check.metric_key, started.elapsed());
+        self.metrics.record_for(
+            &metrics,
+            rule,
+            &verdict,
+            check.metric_key,
+            Some(started.elapsed()),
+        );
         Ok(verdict)
+    }
+
+    /// One limit of a one-limit rule on the embedded store, decided in
+    /// place and synchronously: what [`Engine::check`] does for it, and what
+    /// the library's rule handles call directly with a `limit` built once.
+    /// No over-limit cache (the store is in process: a cached denial would
+    /// save nothing and answer less exactly than the store), no breaker and
+    /// no in-flight cap (it can neither fail nor queue), and the clock read
+    /// for the duration metric only when a recorder is installed. `None`
+    /// for any other store, and for a split rule (its sub-counter is picked
+    /// at random: the general path decides it).
+    pub(crate) fn check_in_process(
+        &self,
+        rule: &Rule,
+        limit: &Limit,
+        key: &str,
+        cost: u64,
+        metric_key: Option<&str>,
+        metrics: &RuleMetrics,
+    ) -> Option<Result<Verdict, InvalidInput>> {
+        if rule.split > 1 {
+            return None;
+        }
+        let store = self.store.in_process()?;
+        let started = metrics.timed().then(Instant::now);
+        let now = crate::clock::now_unix_us();
+        let decided = match cost {
+            0 => store.peek_at(limit, key, now),
+            _ => store.check_at(limit, key, cost, now),
+        };
+        Some(decided.map(|decision| {
+            let verdict = shadow(rule, decision, Source::Store);
+            self.metrics.record_for(
+                metrics,
+                rule,
+                &verdict,
+                metric_key,
+                started.map(|s| s.elapsed()),
+            );
+            verdict
+        }))
+    }
+
+    /// The rule's metric handles (registered with its first check).
+    pub(crate) fn rule_metrics(&self, rule: &Rule) -> Arc<RuleMetrics> {
+        self.metrics.rule_metrics(&rule.id)
     }
 
     /// A rule with `limits:`, checked against `limits` (the rule's own, or
@@ -401,6 +478,61 @@ impl Engine {
             pending_hits,
             cached_denials: self.cache.forget(&cache_key(rule, counter_key, None)),
         })
+    }
+
+    /// Reserves `estimate` against every limit of `hold` for `ttl_us`
+    /// (`store::reservation`): admitted only when all admit, then charged
+    /// and recorded atomically. Behind an in-flight cap of its own, not the breaker
+    /// or the fail mode: a reservation no store recorded could never be
+    /// settled, so a store failure is the caller's error to see.
+    pub async fn reserve(
+        &self,
+        hold: Hold<'_>,
+        estimate: u64,
+        ttl_us: crate::algorithm::Micros,
+    ) -> Result<Reserved, ReservationError> {
+        let _permit = self.reservations_in_flight.acquire().await.ok();
+        match &self.store {
+            AnyStore::Memory(memory) => {
+                let now = crate::clock::now_unix_us();
+                self.book.reserve(memory, hold, estimate, ttl_us, now)
+            }
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(redis) => redis.reserve(hold, estimate, ttl_us).await,
+        }
+    }
+
+    /// Settles the reservation `hold.nonce` (commit or release); limit `j`
+    /// may go past itself by `overdrafts[j]` hits.
+    pub async fn settle(
+        &self,
+        hold: Hold<'_>,
+        how: Settle,
+        overdrafts: &[u64],
+    ) -> Result<Settled, ReservationError> {
+        let _permit = self.reservations_in_flight.acquire().await.ok();
+        match &self.store {
+            AnyStore::Memory(memory) => {
+                let now = crate::clock::now_unix_us();
+                self.book.settle(memory, hold, how, overdrafts, now)
+            }
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(redis) => redis.settle(hold, how, overdrafts).await,
+        }
+    }
+
+    /// The estimates of `rule`'s open reservations on `counter_key`, summed:
+    /// what this region holds and has not settled.
+    pub async fn outstanding(&self, rule: &str, counter_key: &str) -> Result<u64, StoreError> {
+        match &self.store {
+            AnyStore::Memory(_) => {
+                Ok(self
+                    .book
+                    .outstanding(rule, counter_key, crate::clock::now_unix_us())?)
+            }
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(redis) => redis.outstanding(rule, counter_key).await,
+        }
     }
 
     /// Sends the approximate path's pending deltas now (tests, benchmarks, shutdown).
@@ -586,8 +718,10 @@ mod tests {
 
     /// Checks of one rule with a limit of 5, counted (`check_metrics`) under a recorder of the
     /// test's own: every (outcome, reason) series exists from the first
-    /// check, the allows and the denial land under their reasons, and the
-    /// one allow that left under 20 % of the limit counts as near it.
+    /// check, the allows and the denials land under their reasons (the
+    /// embedded store keeps no over-limit cache: both denials are its own),
+    /// the one allow that left under 20 % of the limit counts as near it,
+    /// and with a recorder installed every check is timed.
     #[test]
     fn checks_are_counted_by_outcome_and_reason_with_near_limit_ones() {
         let rules = RuleSet::parse(&[RuleFile {
@@ -630,10 +764,14 @@ mod tests {
         };
         let series = |o: &str, r: &str| format!("rule=\"api|otp\",outcome=\"{o}\",reason=\"{r}\"");
         assert_eq!(value(&series("allowed", "ok")), Some(5.0), "{text}");
-        assert_eq!(value(&series("denied", "over_limit")), Some(1.0), "{text}");
+        assert_eq!(value(&series("denied", "over_limit")), Some(2.0), "{text}");
         assert_eq!(
             value(&series("denied", "cached_over_limit")),
-            Some(1.0),
+            Some(0.0),
+            "{text}"
+        );
+        assert!(
+            text.contains("meridian_check_duration_seconds_count{rule=\"api|otp\"} 7\n"),
             "{text}"
         );
         for (outcome, reason) in CHECK_SERIES {

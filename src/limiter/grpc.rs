@@ -243,6 +243,131 @@ impl native::limiter_server::Limiter for NativeService {
             decisions: results.iter().map(native_decision).collect(),
         }))
     }
+
+    async fn reserve(
+        &self,
+        request: Request<native::ReserveRequest>,
+    ) -> Result<Response<native::ReserveResponse>, Status> {
+        let request = reservations::request(request.into_inner());
+        match self.limiter.reserve(&request).await {
+            Ok(answer) => Ok(Response::new(reservations::reserved(&answer))),
+            Err(e) => Err(reservations::status(e)),
+        }
+    }
+
+    async fn commit(
+        &self,
+        request: Request<native::CommitRequest>,
+    ) -> Result<Response<native::SettleResponse>, Status> {
+        let request = request.into_inner();
+        match self.limiter.commit(&request.id, request.actual).await {
+            Ok(answer) => Ok(Response::new(reservations::settled(&answer))),
+            Err(e) => Err(reservations::status(e)),
+        }
+    }
+
+    async fn release(
+        &self,
+        request: Request<native::ReleaseRequest>,
+    ) -> Result<Response<native::SettleResponse>, Status> {
+        match self.limiter.release(&request.into_inner().id).await {
+            Ok(answer) => Ok(Response::new(reservations::settled(&answer))),
+            Err(e) => Err(reservations::status(e)),
+        }
+    }
+}
+
+/// Reservations' answers and errors on the wire, shared by the gRPC service
+/// and the HTTP API's JSON.
+pub mod reservations {
+    use std::time::Duration;
+
+    use tonic::{Code, Status};
+
+    use crate::limiter::reserve::{ReserveAnswer, ReserveRequest, SettleAnswer};
+    use crate::proto::meridian::v1 as native;
+    use crate::store::reservation::{ReservationError, Settle};
+
+    /// The service's request from the wire's.
+    pub fn request(r: native::ReserveRequest) -> ReserveRequest {
+        ReserveRequest {
+            domain: r.domain,
+            rule: r.rule,
+            key: r.key,
+            descriptor: r.descriptor.into_iter().map(|e| (e.key, e.value)).collect(),
+            estimate: r.estimate,
+            ttl: Duration::from_millis(r.ttl_ms),
+        }
+    }
+
+    /// The wire's answer to a reserve.
+    pub fn reserved(a: &ReserveAnswer) -> native::ReserveResponse {
+        native::ReserveResponse {
+            admitted: a.admitted,
+            matched: a.matched,
+            id: a.id.clone(),
+            retry_after_us: a.retry_after_us(),
+            limits: a
+                .limits
+                .iter()
+                .map(|d| native::LimitState {
+                    limit: d.limit,
+                    remaining: d.remaining,
+                    reset_after_us: d.reset_after_us,
+                    refunded: 0,
+                    charged: 0,
+                })
+                .collect(),
+            rule: a.rule.clone(),
+            reason: a.reason().to_owned(),
+        }
+    }
+
+    /// The wire's answer to a commit or release.
+    pub fn settled(a: &SettleAnswer) -> native::SettleResponse {
+        let first = a.first();
+        native::SettleResponse {
+            replayed: a.settled.replayed,
+            estimate: a.settled.estimate,
+            actual: a.actual(),
+            refunded: first.refunded,
+            charged: first.charged,
+            uncharged: a.uncharged(),
+            limits: a
+                .settled
+                .limits
+                .iter()
+                .map(|l| native::LimitState {
+                    limit: l.limit,
+                    remaining: l.remaining,
+                    reset_after_us: 0,
+                    refunded: l.refunded,
+                    charged: l.charged,
+                })
+                .collect(),
+            released: a.settled.settled == Settle::Release,
+        }
+    }
+
+    /// The gRPC code of a reservation error (the HTTP API maps the same
+    /// classes to 400, 404, 409, 429 and 503).
+    pub fn code(e: &ReservationError) -> Code {
+        match e {
+            ReservationError::Invalid(_) => Code::InvalidArgument,
+            ReservationError::Unknown
+            | ReservationError::OtherRegion { .. }
+            | ReservationError::Expired { .. } => Code::NotFound,
+            ReservationError::AlreadySettled { .. } => Code::FailedPrecondition,
+            ReservationError::TooManyOpen { .. } => Code::ResourceExhausted,
+            ReservationError::Store(s) if s.is_transient() => Code::Unavailable,
+            ReservationError::Store(_) => Code::Internal,
+        }
+    }
+
+    /// The error as a gRPC status.
+    pub fn status(e: ReservationError) -> Status {
+        Status::new(code(&e), e.to_string())
+    }
 }
 
 /// The native decision shape, shared with the HTTP API's JSON.

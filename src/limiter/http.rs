@@ -1,4 +1,5 @@
-//! HTTP transport: `POST /v1/check` (JSON), envoyproxy/ratelimit's
+//! HTTP transport: `POST /v1/check` (JSON), `/v1/reserve`, `/v1/commit`
+//! and `/v1/release` (`http_reserve`), envoyproxy/ratelimit's
 //! `POST /json` (an Envoy `RateLimitRequest` in proto3 JSON), plus
 //! `/metrics`, `/healthz` and `/readyz` for operators. Its connections are
 //! capped and timed by `crate::serve` with [`HttpListenerArgs`].
@@ -78,6 +79,9 @@ pub struct HttpState {
 pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/v1/check", post(check))
+        .route("/v1/reserve", post(super::http_reserve::reserve))
+        .route("/v1/commit", post(super::http_reserve::commit))
+        .route("/v1/release", post(super::http_reserve::release))
         .route("/json", post(envoy_json))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))

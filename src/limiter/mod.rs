@@ -4,7 +4,7 @@
 pub mod batcher;
 mod breaker;
 mod cache;
-mod check_metrics;
+pub(crate) mod check_metrics;
 #[cfg(feature = "server")]
 pub mod cli;
 pub mod counters;
@@ -19,9 +19,13 @@ pub mod grpc;
 pub mod health;
 #[cfg(feature = "server")]
 pub mod http;
+#[cfg(feature = "server")]
+mod http_reserve;
 
 pub use engine::{Engine, EngineConfig};
 pub mod overrides;
+pub mod reservation_id;
+pub mod reserve;
 pub mod reset;
 #[cfg(feature = "server")]
 pub mod reset_feed;

@@ -3,7 +3,7 @@
 //! looked up by every check of a matched rule. While none is held a check
 //! pays one atomic load; with any number held, two hash lookups.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::algorithm::Params;
@@ -16,6 +16,9 @@ pub struct HeldOverrides {
     index: RwLock<Arc<OverrideIndex>>,
     /// `index.len()`, read without the lock on every check.
     len: AtomicUsize,
+    /// Bumped after every `replace`, as `RuleSource`'s: rule handles compare
+    /// it on each check and take the new set's overrides of their rule.
+    generation: AtomicU64,
 }
 
 impl HeldOverrides {
@@ -33,6 +36,12 @@ impl HeldOverrides {
         let len = index.len();
         *self.index.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(index);
         self.len.store(len, Ordering::Relaxed);
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// How many times the set was replaced.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// The set held.

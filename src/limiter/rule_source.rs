@@ -3,7 +3,7 @@
 //! rejected (its errors logged) and the last good rules stay in force.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -30,6 +30,10 @@ pub struct RuleSource {
     /// Whether any rules were loaded yet: false only for a limiter waiting
     /// for its coordinator's first rules (gRPC health reports NOT_SERVING).
     loaded: AtomicBool,
+    /// Bumped after every replacement of `current`: the library's rule
+    /// handles (`embedded::RuleHandle`) resolve their rule once and compare
+    /// this on each check, so a replaced rule is never enforced stale.
+    generation: AtomicU64,
 }
 
 /// Modification time and length of every rule file (`None` where it cannot
@@ -89,6 +93,7 @@ impl RuleSource {
             paths,
             loaded_from,
             loaded: AtomicBool::new(true),
+            generation: AtomicU64::new(0),
         })
     }
 
@@ -100,6 +105,7 @@ impl RuleSource {
             paths: Vec::new(),
             loaded_from: Vec::new(),
             loaded: AtomicBool::new(true),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -139,6 +145,13 @@ impl RuleSource {
     pub fn replace(&self, rules: RuleSet) {
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(rules);
         self.loaded.store(true, Ordering::Release);
+        // After the swap: whoever sees the new generation reads the new rules.
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// How many times the rules were replaced (see the field).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// Polls the files every `interval` and reloads on change, calling

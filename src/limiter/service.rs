@@ -45,6 +45,10 @@ pub struct Service {
     pub stop_increment: bool,
     /// Per-key overrides from the coordinators (none in the library).
     pub overrides: Arc<HeldOverrides>,
+    /// This region's name (`--region`; `local` in the library): every
+    /// reservation id carries it, and only this region's store holds the
+    /// reservation.
+    pub region: String,
 }
 
 /// A request-level input error: which field, which value, why.
@@ -118,6 +122,7 @@ impl Service {
             global: Arc::new(Global::uncoordinated()),
             stop_increment: false,
             overrides: Arc::default(),
+            region: "local".to_owned(),
         }
     }
 
@@ -339,7 +344,7 @@ impl Service {
 impl Service {
     /// One check: a global rule runs against this region's allocation (and
     /// is counted for the demand report); every other rule as is.
-    async fn decide(&self, check: Check<'_>) -> Result<Verdict, InvalidInput> {
+    pub(crate) async fn decide(&self, check: Check<'_>) -> Result<Verdict, InvalidInput> {
         // Before anything is stored under the key: the over-limit cache, the
         // demand counts and the fail-mode store all keep it.
         key::check(&check.rule.id, check.counter_key)?;
@@ -525,16 +530,19 @@ pub fn unit_period(unit: Unit) -> Duration {
 }
 
 /// A native check resolved to a rule.
-struct NativeMatch {
-    rule: Arc<Rule>,
-    counter_key: String,
+pub(super) struct NativeMatch {
+    pub(super) rule: Arc<Rule>,
+    pub(super) counter_key: String,
     /// The per-value metric name, if the rule counts values.
-    metric_key: Option<String>,
+    pub(super) metric_key: Option<String>,
 }
 
 /// `rule` + `key`, or a descriptor; `None` when nothing matches. A rule
 /// name that several rules carry is refused: the descriptor says which.
-fn match_native(rules: &RuleSet, c: &NativeCheck) -> Result<Option<NativeMatch>, InvalidInput> {
+pub(super) fn match_native(
+    rules: &RuleSet,
+    c: &NativeCheck,
+) -> Result<Option<NativeMatch>, InvalidInput> {
     if c.domain.is_empty() {
         return Err(InvalidInput::new("domain", "\"\"", "must not be empty"));
     }

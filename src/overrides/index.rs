@@ -82,6 +82,14 @@ impl OverrideIndex {
         self.len == 0
     }
 
+    /// Whether any override (in force or not) is held for the rule `rule_id`:
+    /// a rule handle that finds none skips the per-key lookup.
+    pub fn has_rule(&self, rule_id: &str) -> bool {
+        self.by_rule
+            .get(rule_id)
+            .is_some_and(|keys| !keys.is_empty())
+    }
+
     /// The params `key` of `rule` is held to at `now`, when an override in
     /// force says so: the rule's algorithm and period with the override's
     /// numbers. `None` for a rule the override no longer fits (its rule was

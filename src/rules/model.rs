@@ -172,6 +172,16 @@ pub struct Rule {
     /// less than one request a day per value). The coordinator refuses such
     /// a rule without it; the limiter enforces the rule the same either way.
     pub confirm_ban: bool,
+    /// `max_cost`: the most one reservation may be committed at (and
+    /// reserved for); a larger `actual` or `estimate` is refused, naming
+    /// the field. `None`: no cap but the store's (10^15).
+    pub max_cost: Option<u64>,
+    /// `max_overdraft`: how far past each of its limits a committed excess
+    /// (`actual` above `estimate`) may take a key, in hits: debt later checks
+    /// wait out. `None`: each limit's own capacity (its limit, or burst for
+    /// the buckets), at most one period's worth of debt; see
+    /// [`Rule::overdraft`].
+    pub max_overdraft: Option<u64>,
     /// Where the rule was written: file name and 1-based line.
     pub file: String,
     /// Where the rule was written: 1-based line in `file`.
@@ -325,6 +335,15 @@ impl Rule {
             0 => std::borrow::Cow::Borrowed(&self.id),
             i => std::borrow::Cow::Owned(format!("{}{LIMIT_ID_MARK}{}", self.id, i + 1)),
         }
+    }
+
+    /// How far past `params` a committed excess may take a key (see
+    /// [`Rule::max_overdraft`]): the rule's `max_overdraft`, else the
+    /// limit's capacity, clipped to what the stores count exactly.
+    pub fn overdraft(&self, params: &Params) -> u64 {
+        self.max_overdraft
+            .unwrap_or_else(|| params.capacity())
+            .min(crate::algorithm::settle::max_exact_overdraft(params))
     }
 
     /// Whether checks of this rule are also counted per descriptor value.

@@ -6,7 +6,7 @@
 //! client value can close the tag early, open a second one, or make
 //! (rule "a:b", key "c") collide with (rule "a", key "b:c").
 
-use crate::algorithm::{Algorithm, InvalidInput};
+use crate::algorithm::InvalidInput;
 
 /// Longest rule name or client key accepted, in bytes (before escaping).
 pub const MAX_KEY_LEN: usize = 512;
@@ -16,20 +16,6 @@ pub fn key_prefix(rule: &str, key: &str) -> Result<String, InvalidInput> {
     let mut out = String::with_capacity(rule.len() + key.len() + 8);
     write_prefix(&mut out, rule, key)?;
     Ok(out)
-}
-
-/// Appends the embedded store's map key to `out`: the Redis prefix plus the
-/// algorithm's tag, so both stores name state the same way.
-pub fn write_state_key(
-    out: &mut String,
-    rule: &str,
-    key: &str,
-    algorithm: Algorithm,
-) -> Result<(), InvalidInput> {
-    write_prefix(out, rule, key)?;
-    out.push(':');
-    out.push_str(algorithm.key_tag());
-    Ok(())
 }
 
 /// Checks a rule name and a client key against [`MAX_KEY_LEN`] without

@@ -2,9 +2,8 @@
 //! fail mode, the simulator and tests. Sharded so that threads checking
 //! different keys rarely meet on a lock.
 
-use std::cell::RefCell;
 use std::hash::BuildHasher;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
@@ -15,11 +14,6 @@ use crate::algorithm::{Algorithm, Decision, DenyReason, InvalidInput, KeyState, 
 
 const SHARDS: usize = 64;
 
-thread_local! {
-    /// Reused to build state keys, so a check of a known key allocates nothing.
-    static KEY_BUFFER: RefCell<String> = const { RefCell::new(String::new()) };
-}
-
 /// Keys a [`MemoryStore`] holds unless told otherwise.
 pub const DEFAULT_CAPACITY: usize = 1_000_000;
 
@@ -28,9 +22,9 @@ pub const DEFAULT_CAPACITY: usize = 1_000_000;
 /// lazily as shards are touched; nothing is shared with other processes.
 ///
 /// Bounded: at most `capacity` keys (rounded up to a multiple of 64), each
-/// key at most `key::MAX_KEY_LEN` bytes of rule and key (escaped, at most
-/// 3 × 1,024 + 8 bytes) plus its state (a sliding log's grows with its limit, the
-/// others are a few words). A full shard first drops expired state; if that
+/// holding its rule's name and the client's key, unescaped (at most
+/// 2 × `key::MAX_KEY_LEN` = 1,024 bytes), plus 104 bytes of entry holding its
+/// state (a sliding log's timestamps also take 8 bytes per hit in its period). A full shard first drops expired state; if that
 /// frees nothing, a new key is denied with [`DenyReason::StoreFull`] while
 /// the keys already held are decided as usual. Forgetting a held key instead
 /// would reset its count, which a flood of fresh keys could then do at will.
@@ -46,8 +40,8 @@ pub struct MemoryStore {
 
 #[derive(Default)]
 struct Shard {
-    /// Keyed by the state key's hash; the key itself is in the entry, so a hit
-    /// needs no allocation.
+    /// Keyed by the hash of a [`StateId`]; the rule and key are in the entry,
+    /// so a hit builds, formats and allocates nothing.
     entries: HashTable<Entry>,
     /// Checks since expired entries were last swept; a sweep runs once this
     /// reaches the shard's size, so its cost is O(1) per check amortised.
@@ -55,10 +49,62 @@ struct Shard {
 }
 
 struct Entry {
-    key: Box<str>,
+    /// The rule's name followed by the client's key, as given: compared part
+    /// by part, never escaped or formatted (the parts are told apart by
+    /// `rule_len`, so ("a:b", "c") and ("a", "b:c") stay two entries).
+    name: Box<str>,
+    /// Bytes of `name` that are the rule's (at most `key::MAX_KEY_LEN`).
+    rule_len: u16,
+    /// The algorithm the state was decided under (a rule switched to another
+    /// algorithm starts afresh, as the Redis keys' tags make it there).
+    algorithm: Algorithm,
+    /// Which of a rule's `limits:` (0: the first, and every one-limit rule).
+    limit_index: u16,
     hash: u64,
     state: KeyState,
     expires_at: Micros,
+}
+
+/// Which state a check reads: what the Redis store spells
+/// `mr:{<rule>:<key>}:<tag>` (and `…:<j>` for limit j), kept as its parts.
+#[derive(Clone, Copy)]
+struct StateId<'a> {
+    rule: &'a str,
+    key: &'a str,
+    algorithm: Algorithm,
+    limit_index: u16,
+}
+
+impl StateId<'_> {
+    fn hash(&self, hasher: &RandomState) -> u64 {
+        // Hashing a tuple of strs writes each one's length: no two splits
+        // of the same bytes hash alike by construction.
+        hasher.hash_one((self.rule, self.key, self.algorithm, self.limit_index))
+    }
+
+    fn is(&self, e: &Entry) -> bool {
+        let (rule, key) = e.name.split_at(usize::from(e.rule_len));
+        e.algorithm == self.algorithm
+            && e.limit_index == self.limit_index
+            && rule == self.rule
+            && key == self.key
+    }
+
+    fn entry(&self, hash: u64, state: KeyState) -> Entry {
+        let mut name = String::with_capacity(self.rule.len() + self.key.len());
+        name.push_str(self.rule);
+        name.push_str(self.key);
+        Entry {
+            name: name.into_boxed_str(),
+            // `key::check` holds a rule to MAX_KEY_LEN (512) bytes.
+            rule_len: self.rule.len() as u16,
+            algorithm: self.algorithm,
+            limit_index: self.limit_index,
+            hash,
+            state,
+            expires_at: 0,
+        }
+    }
 }
 
 impl MemoryStore {
@@ -104,17 +150,19 @@ impl MemoryStore {
         cost: u64,
         now: Micros,
     ) -> Result<Decision, InvalidInput> {
-        let algorithm = limit.params.algorithm();
-        KEY_BUFFER.with_borrow_mut(|state_key| {
-            state_key.clear();
-            key::write_state_key(state_key, &limit.rule, key, algorithm)?;
-            Ok(self.decide(state_key, now, cost, limit))
-        })
+        key::check(&limit.rule, key)?;
+        let id = StateId {
+            rule: &limit.rule,
+            key,
+            algorithm: limit.params.algorithm(),
+            limit_index: 0,
+        };
+        Ok(self.decide(id, now, cost, limit))
     }
 
-    fn decide(&self, state_key: &str, now: Micros, cost: u64, limit: &Limit) -> Decision {
-        let algorithm = limit.params.algorithm();
-        let hash = self.hasher.hash_one(state_key);
+    fn decide(&self, id: StateId<'_>, now: Micros, cost: u64, limit: &Limit) -> Decision {
+        let algorithm = id.algorithm;
+        let hash = id.hash(&self.hasher);
         let shard = &self.shards[hash as usize % SHARDS];
         // A poisoned shard only means another thread panicked mid-decision; the
         // map itself is intact, so keep serving.
@@ -124,8 +172,7 @@ impl MemoryStore {
             shard.entries.retain(|e| e.expires_at > now);
             shard.since_sweep = 0;
         }
-        if shard.entries.len() >= self.per_shard
-            && shard.entries.find(hash, |e| *e.key == *state_key).is_none()
+        if shard.entries.len() >= self.per_shard && shard.entries.find(hash, |e| id.is(e)).is_none()
         {
             shard.entries.retain(|e| e.expires_at > now);
             shard.since_sweep = 0;
@@ -135,13 +182,8 @@ impl MemoryStore {
         }
         let entry = shard
             .entries
-            .entry(hash, |e| *e.key == *state_key, |e| e.hash)
-            .or_insert_with(|| Entry {
-                key: state_key.into(),
-                hash,
-                state: KeyState::fresh(algorithm),
-                expires_at: 0,
-            })
+            .entry(hash, |e| id.is(e), |e| e.hash)
+            .or_insert_with(|| id.entry(hash, KeyState::fresh(algorithm)))
             .into_mut();
         if entry.expires_at <= now {
             entry.state = KeyState::fresh(algorithm);
@@ -171,32 +213,13 @@ impl MemoryStore {
                 return Ok(vec![denied]);
             }
         }
-        let mut keys = Vec::with_capacity(limits.len());
-        for (j, limit) in limits.iter().enumerate() {
-            let mut state_key = String::new();
-            key::write_state_key(&mut state_key, &limit.rule, key, limit.params.algorithm())?;
-            if j > 0 {
-                // `#` never ends a state key's algorithm tag.
-                state_key.push_str(&format!("#{j}"));
-            }
-            let hash = self.hasher.hash_one(&state_key);
-            keys.push((state_key, hash));
-        }
-        let mut order: Vec<usize> = keys.iter().map(|(_, h)| *h as usize % SHARDS).collect();
-        order.sort_unstable();
-        order.dedup();
-        let mut guards: Vec<_> = order
-            .iter()
-            .map(|&i| self.shards[i].lock().unwrap_or_else(|e| e.into_inner()))
-            .collect();
+        let keys = self.state_ids(limits, key)?;
+        let (order, mut guards) = self.lock_shards(&keys);
         let slot = |hash: u64| order.binary_search(&(hash as usize % SHARDS)).unwrap_or(0);
-        for (state_key, hash) in &keys {
+        for (id, hash) in &keys {
             let shard = &mut guards[slot(*hash)];
             if shard.entries.len() >= self.per_shard
-                && shard
-                    .entries
-                    .find(*hash, |e| *e.key == **state_key)
-                    .is_none()
+                && shard.entries.find(*hash, |e| id.is(e)).is_none()
             {
                 shard.entries.retain(|e| e.expires_at > now);
                 if shard.entries.len() >= self.per_shard {
@@ -206,11 +229,11 @@ impl MemoryStore {
         }
         let mut decided = Vec::with_capacity(limits.len());
         let mut before = Vec::with_capacity(limits.len());
-        for ((state_key, hash), limit) in keys.iter().zip(limits) {
+        for ((id, hash), limit) in keys.iter().zip(limits) {
             let shard = &guards[slot(*hash)];
             let state = shard
                 .entries
-                .find(*hash, |e| *e.key == **state_key)
+                .find(*hash, |e| id.is(e))
                 .filter(|e| e.expires_at > now)
                 .map_or_else(
                     || KeyState::fresh(limit.params.algorithm()),
@@ -235,17 +258,12 @@ impl MemoryStore {
                 .collect());
         }
         {
-            for ((state_key, hash), (state, outcome)) in keys.iter().zip(&decided) {
+            for ((id, hash), (state, outcome)) in keys.iter().zip(&decided) {
                 let shard = &mut guards[slot(*hash)];
                 let entry = shard
                     .entries
-                    .entry(*hash, |e| *e.key == **state_key, |e| e.hash)
-                    .or_insert_with(|| Entry {
-                        key: state_key.as_str().into(),
-                        hash: *hash,
-                        state: state.clone(),
-                        expires_at: 0,
-                    })
+                    .entry(*hash, |e| id.is(e), |e| e.hash)
+                    .or_insert_with(|| id.entry(*hash, state.clone()))
                     .into_mut();
                 entry.state = state.clone();
                 entry.expires_at = now + outcome.keep_for_us;
@@ -254,26 +272,101 @@ impl MemoryStore {
         Ok(decided.into_iter().map(|(_, o)| o.decision).collect())
     }
 
+    /// Each limit's entry id for `key`, with its hash (the key validated).
+    fn state_ids<'a>(
+        &self,
+        limits: &'a [Limit],
+        key: &'a str,
+    ) -> Result<Vec<(StateId<'a>, u64)>, InvalidInput> {
+        let mut keys = Vec::with_capacity(limits.len());
+        for (j, limit) in limits.iter().enumerate() {
+            key::check(&limit.rule, key)?;
+            let id = StateId {
+                rule: &limit.rule,
+                key,
+                algorithm: limit.params.algorithm(),
+                limit_index: limit_index(j)?,
+            };
+            keys.push((id, id.hash(&self.hasher)));
+        }
+        Ok(keys)
+    }
+
+    /// Locks the shards of `keys` in shard order (so two multi-limit calls
+    /// never wait on each other crosswise): the shard indexes, sorted, and
+    /// their guards in the same order.
+    fn lock_shards(&self, keys: &[(StateId<'_>, u64)]) -> (Vec<usize>, Vec<MutexGuard<'_, Shard>>) {
+        let mut order: Vec<usize> = keys.iter().map(|(_, h)| *h as usize % SHARDS).collect();
+        order.sort_unstable();
+        order.dedup();
+        let guards = order
+            .iter()
+            .map(|&i| self.shards[i].lock().unwrap_or_else(|e| e.into_inner()))
+            .collect();
+        (order, guards)
+    }
+
+    /// Runs `settle(j, state)` on `key`'s live state under each of `limits`
+    /// (fresh state where none is held), with the shards involved locked
+    /// together as in [`MemoryStore::check_all_at`], and keeps each state for
+    /// the `keep_for_us` of the outcome `settle` returns: a reservation's
+    /// refund or excess charge (`store::reservation`). A key new to a full
+    /// shard is not added: `settle` is not called for it, and it answers
+    /// `R::default()` with a fresh state's peek.
+    pub fn settle_states_at<R: Default>(
+        &self,
+        limits: &[Limit],
+        key: &str,
+        now: Micros,
+        mut settle: impl FnMut(usize, &mut KeyState) -> (R, crate::algorithm::Outcome),
+    ) -> Result<Vec<(R, Decision)>, InvalidInput> {
+        let keys = self.state_ids(limits, key)?;
+        let (order, mut guards) = self.lock_shards(&keys);
+        let slot = |hash: u64| order.binary_search(&(hash as usize % SHARDS)).unwrap_or(0);
+        let mut out = Vec::with_capacity(limits.len());
+        for (j, ((id, hash), limit)) in keys.iter().zip(limits).enumerate() {
+            let shard = &mut guards[slot(*hash)];
+            let held = shard.entries.find(*hash, |e| id.is(e)).is_some();
+            if !held && shard.entries.len() >= self.per_shard {
+                let mut fresh = KeyState::fresh(limit.params.algorithm());
+                out.push((R::default(), fresh.decide(now, 0, &limit.params).decision));
+                continue;
+            }
+            let entry = shard
+                .entries
+                .entry(*hash, |e| id.is(e), |e| e.hash)
+                .or_insert_with(|| id.entry(*hash, KeyState::fresh(limit.params.algorithm())))
+                .into_mut();
+            if entry.expires_at <= now {
+                entry.state = KeyState::fresh(limit.params.algorithm());
+            }
+            let (r, outcome) = settle(j, &mut entry.state);
+            entry.expires_at = entry.expires_at.max(now + outcome.keep_for_us);
+            out.push((r, outcome.decision));
+        }
+        Ok(out)
+    }
+
     /// [`Store::clear`] at time `now`, synchronously: drops the entry of
-    /// every algorithm under each key and limit (the state key names the
+    /// every algorithm under each key and limit (an entry names the
     /// algorithm, not the window, so no period is needed). Counts the
     /// entries that still held live state.
     pub fn clear_at(&self, counters: &Counters<'_>, now: Micros) -> Result<u64, InvalidInput> {
         let mut cleared = 0;
-        let mut state_key = String::new();
         for key in counters.keys {
+            key::check(counters.rule, key)?;
             for j in 0..counters.limits.max(1) {
                 for algorithm in Algorithm::ALL {
-                    state_key.clear();
-                    key::write_state_key(&mut state_key, counters.rule, key, algorithm)?;
-                    if j > 0 {
-                        // As `check_all_at` names limit j.
-                        state_key.push_str(&format!("#{j}"));
-                    }
-                    let hash = self.hasher.hash_one(&state_key);
+                    let id = StateId {
+                        rule: counters.rule,
+                        key,
+                        algorithm,
+                        limit_index: limit_index(j)?,
+                    };
+                    let hash = id.hash(&self.hasher);
                     let shard = &self.shards[hash as usize % SHARDS];
                     let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
-                    if let Ok(entry) = shard.entries.find_entry(hash, |e| *e.key == *state_key) {
+                    if let Ok(entry) = shard.entries.find_entry(hash, |e| id.is(e)) {
                         let (removed, _) = entry.remove();
                         cleared += u64::from(removed.expires_at > now);
                     }
@@ -295,6 +388,12 @@ impl MemoryStore {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// Limit `j` of a rule's `limits:` as an entry names it (rules hold a
+/// handful; a `u16` keeps the entry small).
+fn limit_index(j: usize) -> Result<u16, InvalidInput> {
+    u16::try_from(j).map_err(|_| InvalidInput::new("limits", j, "at most 65,535 limits a rule"))
 }
 
 /// The denial of a key a full store cannot take: retry once held state
@@ -423,6 +522,18 @@ mod tests {
         // Once the window is over, expired keys make room again.
         let later = 120_000_000;
         assert!(store.check_at(&l, "fresh", 1, later).unwrap().allowed);
+    }
+
+    /// The per-key bound the type's doc states: an entry's own bytes (its
+    /// name and a sliding log's timestamps live in their own allocations).
+    #[test]
+    fn an_entry_is_no_larger_than_documented() {
+        const ENTRY_BYTES: usize = 104;
+        assert!(
+            std::mem::size_of::<Entry>() <= ENTRY_BYTES,
+            "{} bytes",
+            std::mem::size_of::<Entry>()
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod key;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod reservation;
 
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
@@ -170,6 +171,15 @@ impl AnyStore {
             }
             #[cfg(feature = "redis")]
             AnyStore::Redis(s) => s.check_all(limits, key, cost, now).await,
+        }
+    }
+
+    /// The embedded store, when this is one: it decides in place.
+    pub fn in_process(&self) -> Option<&MemoryStore> {
+        match self {
+            AnyStore::Memory(s) => Some(s),
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(_) => None,
         }
     }
 

@@ -56,6 +56,7 @@ mod redis_sentinel;
 mod redis_store;
 mod report_bounds;
 mod report_interval;
+mod reserve;
 mod reset;
 mod reset_regions;
 mod rules_cli;

@@ -60,6 +60,8 @@ const LIMIT_FIELDS: &[&str] = &[
     "fallback",
     "fallback_hold",
     "confirm_ban",
+    "max_cost",
+    "max_overdraft",
 ];
 
 const RATE_LIMIT_FIELDS: &[&str] = &[

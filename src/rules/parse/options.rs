@@ -1,8 +1,9 @@
 //! The options that apply to a whole rule, whether it holds one limit
 //! (`rate_limit`) or several (`limits`): `fail_mode`, `confirm_ban`, where it
 //! is enforced (`scope`, and a global rule's `partition`, `fallback` and
-//! `fallback_hold`) and how exactly (`accuracy`, `sync_interval`,
-//! `max_batch`).
+//! `fallback_hold`), how exactly (`accuracy`, `sync_interval`,
+//! `max_batch`), and how its cost quotas settle (`max_cost`,
+//! `max_overdraft`).
 
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use marked_yaml::types::MarkedMappingNode;
 
 use super::Cx;
 use super::values::{is_null, line};
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, MAX_LIMIT, settle};
 use crate::rules::{Accuracy, FailMode, Partition, Rule, Scope};
 
 const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_millis(50);
@@ -144,5 +145,92 @@ impl Cx<'_> {
             sync_interval,
             max_batch,
         };
+    }
+
+    /// `max_cost` and `max_overdraft` of a rule whose limits are parsed
+    /// (reservations: see `algorithm::settle`). `max_overdraft` must keep
+    /// every limit's arithmetic exact (below 2^53 scaled units).
+    pub(super) fn cost_quota(&mut self, map: &MarkedMappingNode, rule: &mut Rule) {
+        let get = |f: &str| map.get_node(f).filter(|n| !is_null(n));
+        if let Some(n) = get("max_cost") {
+            match self.integer(n, "max_cost") {
+                Some(c) if (1..=MAX_LIMIT as i64).contains(&c) => rule.max_cost = Some(c as u64),
+                Some(c) => self.err(
+                    line(n),
+                    "max_cost",
+                    format!("must be 1 to 10^15 (the most one reservation may cost), found {c}"),
+                ),
+                None => {}
+            }
+        }
+        if let Some(n) = get("max_overdraft") {
+            match self.integer(n, "max_overdraft") {
+                Some(o) if o >= 0 => {
+                    let o = o as u64;
+                    let fits = rule
+                        .limits()
+                        .map(settle::max_exact_overdraft)
+                        .min()
+                        .unwrap_or(u64::MAX);
+                    if o > fits {
+                        self.err(
+                            line(n),
+                            "max_overdraft",
+                            format!(
+                                "{o} is more debt than this rule's limits count exactly; at \
+                                 most {fits}"
+                            ),
+                        );
+                    } else {
+                        rule.max_overdraft = Some(o);
+                    }
+                }
+                Some(o) => self.err(
+                    line(n),
+                    "max_overdraft",
+                    format!("must be 0 (never past the limit) or more hits of debt, found {o}"),
+                ),
+                None => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::rules::{RuleFile, RuleSet};
+
+    fn parse(fields: &str) -> Result<RuleSet, String> {
+        let text = format!(
+            "domain: llm\ndescriptors:\n  - key: customer\n{fields}    rate_limit: {{unit: hour, requests_per_unit: 1000}}\n"
+        );
+        RuleSet::parse(&[RuleFile {
+            name: "rules.yaml".into(),
+            text,
+        }])
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn cost_quota_fields_default_and_are_validated_naming_the_field() {
+        let rules = parse("").expect("valid");
+        let rule = rules.rules().next().expect("a rule");
+        let params = rule.params.as_ref().expect("params");
+        assert_eq!((rule.max_cost, rule.overdraft(params)), (None, 1000));
+        let rules = parse("    max_cost: 500\n    max_overdraft: 0\n").expect("valid");
+        let rule = rules.rules().next().expect("a rule");
+        assert_eq!((rule.max_cost, rule.max_overdraft), (Some(500), Some(0)));
+        for (fields, field) in [
+            ("    max_cost: 0\n", "max_cost"),
+            ("    max_cost: -3\n", "max_cost"),
+            ("    max_overdraft: -1\n", "max_overdraft"),
+            ("    max_overdraft: 99999999999999999\n", "max_overdraft"),
+        ] {
+            let e = parse(fields).expect_err(fields);
+            assert!(
+                e.contains(&format!("rules.yaml:4: {field}")),
+                "{fields}: {e}"
+            );
+        }
     }
 }

@@ -280,6 +280,7 @@ impl Cx<'_> {
             .drain(..)
             .filter_map(|r| r.params.map(|p| (r.unit, p)))
             .collect();
+        self.cost_quota(map, &mut rule);
         (self.errors.len() == before).then_some(rule)
     }
 
@@ -329,6 +330,8 @@ impl Cx<'_> {
             fallback: 0.5,
             fallback_hold: crate::rules::model::DEFAULT_FALLBACK_HOLD,
             confirm_ban: false,
+            max_cost: None,
+            max_overdraft: None,
             file: self.file.to_owned(),
             line: spec.line,
         };
@@ -458,7 +461,13 @@ impl Cx<'_> {
             period,
             burst.map(|(b, _)| b),
         ) {
-            Ok(params) => rule.params = Some(params),
+            Ok(params) => {
+                rule.params = Some(params);
+                self.cost_quota(map, &mut rule);
+                if self.errors.len() != before {
+                    return None;
+                }
+            }
             Err(e) => {
                 let (field, at) = match e.field {
                     "limit" => (

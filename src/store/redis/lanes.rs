@@ -66,6 +66,7 @@ impl RedisStore {
             flush: self.flush.clone(),
             multi: self.multi.clone(),
             clear: self.clear.clone(),
+            reservations: self.reservations.clone(),
             deadline: self.deadline,
             coalescer: None,
             lanes: None,

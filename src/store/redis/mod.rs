@@ -25,6 +25,7 @@ mod clear;
 mod coalesce;
 mod flush;
 mod lanes;
+mod reserve;
 mod saved_table;
 mod sentinel;
 
@@ -64,9 +65,16 @@ pub(crate) fn script_source(algorithm: Algorithm) -> &'static str {
     }
 }
 
-/// The multi-limit script (`scripts/multi.lua`): the prelude, every
-/// algorithm's body as its own `decide_<index>`, then multi.lua. Built once.
+/// The multi-limit script (`scripts/multi.lua`): [`multi_library`], then
+/// its `check_all()`. Built once.
 pub(crate) fn multi_source() -> &'static str {
+    static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SOURCE.get_or_init(|| format!("{}return (check_all())\n", multi_library()))
+}
+
+/// The prelude, every algorithm's body as its own `decide_<index>`, then
+/// multi.lua's functions: what the multi, reserve and settle scripts share.
+pub(crate) fn multi_library() -> &'static str {
     static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SOURCE.get_or_init(|| {
         const HEADER: &str = "local function decide(prefix, cost)\n";
@@ -143,6 +151,9 @@ pub struct RedisStore {
     /// An operator's reset of counters (`scripts/clear.lua`): rare, so not
     /// preloaded; its first call loads it on NOSCRIPT.
     clear: Script,
+    /// Reservations (`scripts/reserve.lua`, `settle.lua`,
+    /// `outstanding.lua`): loaded on first use (NOSCRIPT).
+    reservations: Arc<reserve::Scripts>,
     deadline: Duration,
     /// Where checks queue to share script calls; `None` in the coalescing
     /// task's own copy, which sends them.
@@ -195,6 +206,7 @@ impl RedisStore {
             flush: flush::flush_script(),
             multi: Script::new(multi_source()),
             clear: clear::clear_script(),
+            reservations: Arc::new(reserve::Scripts::new()),
             deadline: config.deadline,
             coalescer: None,
             lanes: (config.lanes > 0).then(|| Arc::new(lanes::Lanes::new(config))),
@@ -212,7 +224,13 @@ impl RedisStore {
     /// SCRIPT LOAD reaches one node only, so there it is left to NOSCRIPT.
     async fn preload(&self, within: Duration) {
         let loading = async {
-            for script in self.scripts.iter().chain([&self.flush, &self.multi]) {
+            let reservations = self.reservations.all();
+            for script in self
+                .scripts
+                .iter()
+                .chain([&self.flush, &self.multi])
+                .chain(reservations)
+            {
                 match self.connection.clone() {
                     Connection::Standalone(mut c) => script.load_async(&mut c).await?,
                     Connection::Sentinel(mut c) => script.load_async(&mut c).await?,

@@ -18,7 +18,9 @@
 
 local deciders = {decide_0, decide_1, decide_2, decide_3, decide_4}
 
-local function run(j, peek)
+-- Sets the prelude's limit globals to limit j's; returns its algorithm
+-- index and its ninth argument (the cost; settle.lua: the overdraft).
+local function load(j)
   local base = 1 + 9 * (j - 1)
   limit = tonumber(ARGV[base + 2])
   period = tonumber(ARGV[base + 3])
@@ -27,11 +29,15 @@ local function run(j, peek)
   refill = tonumber(ARGV[base + 6])
   capacity = tonumber(ARGV[base + 7])
   ttl_floor = tonumber(ARGV[base + 8])
-  local cost = tonumber(ARGV[base + 9])
+  return tonumber(ARGV[base + 1]), tonumber(ARGV[base + 9])
+end
+
+local function run(j, peek)
+  local algorithm, cost = load(j)
   if peek then
     cost = 0
   end
-  return deciders[tonumber(ARGV[base + 1]) + 1](KEYS[j], cost)
+  return deciders[algorithm + 1](KEYS[j], cost)
 end
 
 local function put(out, j, allowed, lim, remaining, reset, retry, delay)
@@ -52,16 +58,21 @@ local function round(out)
   return all
 end
 
-local out = {}
-dry = true
-if round(out) then
-  dry = false
-  round(out)
-else
+-- Decides every limit; charges them all only when all admit. Returns the
+-- six integers per limit and whether they were charged. The multi script's
+-- body is `return (check_all())`; reserve.lua calls it too.
+local function check_all()
+  local out = {}
+  dry = true
+  if round(out) then
+    dry = false
+    round(out)
+    return out, true
+  end
   for j = 1, #KEYS do
     if out[6 * (j - 1) + 1] == 1 then
       put(out, j, run(j, true))
     end
   end
+  return out, false
 end
-return out
