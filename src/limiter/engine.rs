@@ -709,6 +709,10 @@ fn per_pod(params: &Params, pods: u64) -> Result<Params, InvalidInput> {
     )
 }
 
+// Envoy's stream-done charge: another call beside the reservations'.
+#[path = "engine_charge.rs"]
+mod charge;
+
 #[cfg(all(test, feature = "server"))]
 mod tests {
     use super::*;

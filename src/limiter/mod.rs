@@ -36,6 +36,7 @@ pub mod rule_feed;
 pub mod rule_source;
 pub mod service;
 pub mod split;
+mod stream_done;
 pub mod value_metrics;
 mod verdict;
 #[cfg(feature = "server")]

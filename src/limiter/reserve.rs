@@ -295,8 +295,9 @@ impl Service {
     /// The limits a reservation of `rule` on `key` holds: an override's,
     /// the rule's (all of a `limits:` rule), or for a global rule this
     /// region's allocation of each. `None` when nothing can be held (a
-    /// ban, or no allocation). Refuses what cannot take reservations.
-    fn reservable_limits(
+    /// ban, or no allocation). Refuses what cannot take reservations. Also
+    /// the limits a stream-done charge lands on (`limiter::stream_done`).
+    pub(super) fn reservable_limits(
         &self,
         rule: &Rule,
         key: &str,

@@ -14,7 +14,7 @@ use super::overrides::HeldOverrides;
 use super::rule_source::RuleSource;
 use super::verdict::{Source, Verdict};
 use crate::algorithm::{DenyReason, InvalidInput, Params};
-use crate::rules::{Rule, RuleSet, Unit};
+use crate::rules::{Rule, RuleSet, SettleMode, Unit};
 use crate::store::key;
 
 /// Requests larger than this are refused whole (a runaway client, not traffic).
@@ -215,41 +215,74 @@ impl Service {
                 Err(e) => Err(e.clone()),
             })
             .collect();
+        // A `settle: on_stream_done` rule reads an unset hits_addend as 0
+        // (the request-time check), not 1; see `limiter::stream_done`.
         let costs: Vec<u64> = descriptors
             .iter()
-            .map(|d| d.hits.unwrap_or(default_hits))
+            .zip(&live)
+            .map(|(d, m)| match m {
+                Ok(Some(m)) if m.rule.settle == SettleMode::OnStreamDone => {
+                    d.hits.unwrap_or(u64::from(hits))
+                }
+                _ => d.hits.unwrap_or(default_hits),
+            })
+            .collect();
+        // Stream-done settlements: never denied, so no other descriptor's
+        // denial holds them back (Envoy would not send them again).
+        let settles: Vec<bool> = live
+            .iter()
+            .zip(&costs)
+            .map(|(m, &cost)| {
+                matches!(m, Ok(Some(m)) if m.rule.settle == SettleMode::OnStreamDone && cost > 0)
+            })
             .collect();
         let stop_increment = rules.stop_increment(domain).unwrap_or(self.stop_increment);
         if stop_increment && live.iter().flatten().flatten().count() > 1 {
             // Ask first without charging; charge only when none would deny.
             // The two rounds are not atomic: a check racing between them can
             // still see a charge, as in envoyproxy/ratelimit, whose pre-check
-            // reads the cache the same way.
-            let peeked = self.decide_all(&live, |_| 0).await;
-            let denies = peeked.iter().zip(&costs).any(|(p, &cost)| match p {
-                Ok(Some(o)) => would_deny(&o.verdict, cost),
+            // reads the cache the same way. Settlements are made in the
+            // first round, once.
+            let mut peeked = self
+                .decide_all(&live, |i| if settles[i] { costs[i] } else { 0 })
+                .await;
+            let denies = peeked.iter().enumerate().any(|(i, p)| match p {
+                Ok(Some(o)) => !settles[i] && would_deny(&o.verdict, costs[i]),
                 _ => false,
             });
-            if denies {
-                return Ok(peeked
-                    .into_iter()
-                    .zip(&costs)
-                    .map(|(p, &cost)| {
-                        p.map(|o| {
-                            o.map(|mut o| {
-                                if would_deny(&o.verdict, cost) {
-                                    o.verdict.decision.allowed = false;
-                                    o.verdict
-                                        .decision
-                                        .reason
-                                        .get_or_insert(DenyReason::OverLimit);
-                                }
-                                o
-                            })
+            if !denies {
+                let rest: Vec<_> = live
+                    .iter()
+                    .zip(&settles)
+                    .map(|(m, &settled)| if settled { Ok(None) } else { m.clone() })
+                    .collect();
+                let mut decided = self.decide_all(&rest, |i| costs[i]).await;
+                for (i, settled) in settles.iter().enumerate() {
+                    if *settled {
+                        std::mem::swap(&mut decided[i], &mut peeked[i]);
+                    }
+                }
+                return Ok(decided);
+            }
+            return Ok(peeked
+                .into_iter()
+                .zip(&costs)
+                .zip(&settles)
+                .map(|((p, &cost), &settled)| {
+                    p.map(|o| {
+                        o.map(|mut o| {
+                            if !settled && would_deny(&o.verdict, cost) {
+                                o.verdict.decision.allowed = false;
+                                o.verdict
+                                    .decision
+                                    .reason
+                                    .get_or_insert(DenyReason::OverLimit);
+                            }
+                            o
                         })
                     })
-                    .collect());
-            }
+                })
+                .collect());
         }
         Ok(self.decide_all(&live, |i| costs[i]).await)
     }
@@ -268,14 +301,20 @@ impl Service {
                     Ok(None) => return Ok(None),
                     Err(e) => return Err(e.clone()),
                 };
-                let check = Check {
-                    rule: &m.rule,
-                    counter_key: &m.counter_key,
-                    cost,
-                    limit: m.limit.as_ref(),
-                    metric_key: m.metric_key.as_deref(),
+                let verdict = if m.rule.settle == SettleMode::OnStreamDone {
+                    let metric_key = m.metric_key.as_deref();
+                    self.stream_done_step(&m.rule, &m.counter_key, metric_key, cost)
+                        .await?
+                } else {
+                    self.decide(Check {
+                        rule: &m.rule,
+                        counter_key: &m.counter_key,
+                        cost,
+                        limit: m.limit.as_ref(),
+                        metric_key: m.metric_key.as_deref(),
+                    })
+                    .await?
                 };
-                let verdict = self.decide(check).await?;
                 Ok(Some(Outcome {
                     rule: m.rule.clone(),
                     verdict,
@@ -320,12 +359,20 @@ impl Service {
             else {
                 return Ok(None);
             };
-            let overridden = self.overrides.params(&rule, &counter_key);
             let cost = match (c.check_only, c.cost) {
                 (true, _) => 0,
                 (false, 0) => 1,
                 (false, n) => n,
             };
+            if rule.settle == SettleMode::OnStreamDone {
+                // check_only is the call's admission, a cost its settlement.
+                let metric_key = metric_key.as_deref();
+                let verdict = self
+                    .stream_done_step(&rule, &counter_key, metric_key, cost)
+                    .await?;
+                return Ok(Some(Outcome { rule, verdict }));
+            }
+            let overridden = self.overrides.params(&rule, &counter_key);
             let verdict = self
                 .decide(Check {
                     rule: &rule,

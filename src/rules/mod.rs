@@ -33,7 +33,7 @@ pub use depth::{MAX_DEPTH, TooDeep, check_depth};
 pub use duration::{format_duration, parse_duration};
 pub use model::{
     Accuracy, DEFAULT_FALLBACK_HOLD, FailMode, LIMIT_ID_MARK, Partition, Resolved, Rule, RuleFile,
-    Scope, Unit, split_limit_id,
+    Scope, SettleMode, Unit, split_limit_id,
 };
 
 /// String-keyed maps on the hot path: foldhash, not SipHash. Rule files are

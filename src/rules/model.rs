@@ -81,6 +81,24 @@ pub enum Accuracy {
     },
 }
 
+/// When a rule's cost is charged (`settle:`). Envoy's rate limit filter can
+/// send a second request when a stream ends (`apply_on_stream_done`), with
+/// the real cost (an LLM call's tokens) as `hits_addend`; see
+/// `limiter::stream_done` and docs/cost-quotas.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SettleMode {
+    /// `at_check` (the default): every check charges its cost when it is
+    /// admitted.
+    #[default]
+    AtCheck,
+    /// `on_stream_done`: a request of cost 0 (an explicit `hits_addend: 0`,
+    /// or none at all) is the request-time check: admitted while at least
+    /// one hit remains, charging nothing. A request of cost `n > 0` is the
+    /// stream-done settlement: `n` charged, never denied, at most
+    /// `max_overdraft` past each limit (the rest dropped and counted).
+    OnStreamDone,
+}
+
 /// How a global rule behaves when a region is cut off from the coordinator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Partition {
@@ -182,6 +200,8 @@ pub struct Rule {
     /// the buckets), at most one period's worth of debt; see
     /// [`Rule::overdraft`].
     pub max_overdraft: Option<u64>,
+    /// `settle`: when the cost is charged; see [`SettleMode`].
+    pub settle: SettleMode,
     /// Where the rule was written: file name and 1-based line.
     pub file: String,
     /// Where the rule was written: 1-based line in `file`.

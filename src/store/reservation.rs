@@ -447,6 +447,34 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// Charges `amount` hits on `key` under each of `limits` at `now`, limit
+    /// `j` at most `overdrafts[j]` past itself (`settle::charge`, as a
+    /// commit's excess; no record): Envoy's stream-done settlement.
+    pub fn charge_at(
+        &self,
+        limits: &[Limit],
+        key: &str,
+        amount: u64,
+        overdrafts: &[u64],
+        now: Micros,
+    ) -> Result<Vec<LimitSettled>, InvalidInput> {
+        let charged = self.settle_all_at(limits, key, now, |j, state| {
+            let overdraft = overdrafts.get(j).copied().unwrap_or(0);
+            settle::charge(state, now, amount, overdraft, &limits[j].params)
+        })?;
+        Ok(charged
+            .into_iter()
+            .map(|(charged, d)| LimitSettled {
+                refunded: 0,
+                charged,
+                remaining: d.remaining,
+                limit: d.limit,
+            })
+            .collect())
+    }
+}
+
 #[cfg(test)]
 #[path = "reservation_tests.rs"]
 mod tests;

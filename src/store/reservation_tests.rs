@@ -222,3 +222,31 @@ fn a_flood_of_reservations_is_bounded_per_key_and_in_total() {
     assert!(r.admitted);
     assert_eq!(book.len(), 1);
 }
+
+#[test]
+fn a_stream_done_charge_takes_the_key_at_most_its_overdraft_past_the_limit() {
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+    ] {
+        let store = MemoryStore::new();
+        let l = limits(algorithm, 10_000);
+        let first = store.charge_at(&l, "k", 9_900, &[500], T).expect("charged");
+        assert_eq!(
+            (first[0].charged, first[0].remaining),
+            (9_900, 100),
+            "{algorithm}"
+        );
+        // 1,000 asked with 100 left: 600 fit under the 500 of overdraft.
+        let over = store.charge_at(&l, "k", 1_000, &[500], T).expect("charged");
+        assert_eq!(
+            (over[0].charged, over[0].remaining),
+            (600, 0),
+            "{algorithm}"
+        );
+        let capped = store.charge_at(&l, "k", 50, &[500], T).expect("charged");
+        assert_eq!(capped[0].charged, 0, "{algorithm}");
+    }
+}

@@ -34,6 +34,7 @@ mod docs_examples;
 mod docs_links;
 mod drills;
 mod envoy_fields;
+mod envoy_stream_done;
 mod equivalence;
 mod global_failover;
 mod global_in_window;

@@ -62,6 +62,7 @@ const LIMIT_FIELDS: &[&str] = &[
     "confirm_ban",
     "max_cost",
     "max_overdraft",
+    "settle",
 ];
 
 const RATE_LIMIT_FIELDS: &[&str] = &[

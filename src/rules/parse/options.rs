@@ -3,7 +3,7 @@
 //! is enforced (`scope`, and a global rule's `partition`, `fallback` and
 //! `fallback_hold`), how exactly (`accuracy`, `sync_interval`,
 //! `max_batch`), and how its cost quotas settle (`max_cost`,
-//! `max_overdraft`).
+//! `max_overdraft`, `settle`).
 
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use marked_yaml::types::MarkedMappingNode;
 use super::Cx;
 use super::values::{is_null, line};
 use crate::algorithm::{Algorithm, MAX_LIMIT, settle};
-use crate::rules::{Accuracy, FailMode, Partition, Rule, Scope};
+use crate::rules::{Accuracy, FailMode, Partition, Rule, Scope, SettleMode};
 
 const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_millis(50);
 /// The longest `fallback_hold`: a week of a dead region's share held back
@@ -147,11 +147,15 @@ impl Cx<'_> {
         };
     }
 
-    /// `max_cost` and `max_overdraft` of a rule whose limits are parsed
-    /// (reservations: see `algorithm::settle`). `max_overdraft` must keep
-    /// every limit's arithmetic exact (below 2^53 scaled units).
+    /// `max_cost`, `max_overdraft` and `settle` of a rule whose limits,
+    /// accuracy and split are parsed (reservations and Envoy's stream-done
+    /// settlement: see `algorithm::settle`). `max_overdraft` must keep every
+    /// limit's arithmetic exact (below 2^53 scaled units).
     pub(super) fn cost_quota(&mut self, map: &MarkedMappingNode, rule: &mut Rule) {
         let get = |f: &str| map.get_node(f).filter(|n| !is_null(n));
+        if let Some(n) = get("settle") {
+            self.settle(n, rule);
+        }
         if let Some(n) = get("max_cost") {
             match self.integer(n, "max_cost") {
                 Some(c) if (1..=MAX_LIMIT as i64).contains(&c) => rule.max_cost = Some(c as u64),
@@ -196,6 +200,44 @@ impl Cx<'_> {
     }
 }
 
+impl Cx<'_> {
+    /// `settle: at_check | on_stream_done`. A stream-done charge settles
+    /// with `algorithm::settle::charge` on the exact path, like a
+    /// reservation's excess, so it needs what a reservation needs.
+    fn settle(&mut self, n: &marked_yaml::Node, rule: &mut Rule) {
+        let choices = [
+            ("at_check", SettleMode::AtCheck),
+            ("on_stream_done", SettleMode::OnStreamDone),
+        ];
+        let Some(mode) = self.choice(n, "settle", &choices) else {
+            return;
+        };
+        if mode == SettleMode::OnStreamDone {
+            let why = if matches!(rule.accuracy, Accuracy::Approximate { .. }) {
+                Some("accuracy: approximate counts sit in each pod until a flush".to_owned())
+            } else if rule.split > 1 {
+                Some("split rules spread a key over sub-counters".to_owned())
+            } else {
+                rule.limits()
+                    .find(|p| !settle::reservable(p.algorithm()))
+                    .map(|p| format!("{} keeps one entry per hit", p.algorithm()))
+            };
+            if let Some(why) = why {
+                self.err(
+                    line(n),
+                    "settle",
+                    format!(
+                        "on_stream_done needs an exact, unsplit fixed_window, \
+                         sliding_window_counter, token_bucket or leaky_bucket rule: {why}"
+                    ),
+                );
+                return;
+            }
+        }
+        rule.settle = mode;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::rules::{RuleFile, RuleSet};
@@ -231,6 +273,40 @@ mod tests {
                 e.contains(&format!("rules.yaml:4: {field}")),
                 "{fields}: {e}"
             );
+        }
+    }
+
+    #[test]
+    fn settle_defaults_to_at_check_and_is_validated_naming_the_field() {
+        use crate::rules::SettleMode;
+        let mode = |fields: &str| {
+            parse(fields)
+                .map(|rules| rules.rules().next().expect("a rule").settle)
+                .map_err(|e| {
+                    assert!(e.contains("rules.yaml:4: settle"), "{fields}: {e}");
+                    e
+                })
+        };
+        assert_eq!(mode(""), Ok(SettleMode::AtCheck));
+        assert_eq!(mode("    settle: at_check\n"), Ok(SettleMode::AtCheck));
+        assert_eq!(
+            mode("    settle: on_stream_done\n"),
+            Ok(SettleMode::OnStreamDone)
+        );
+        for (fields, says) in [
+            ("    settle: later\n", "later"),
+            (
+                "    settle: on_stream_done\n    algorithm: sliding_window_log\n",
+                "sliding_window_log keeps one entry",
+            ),
+            (
+                "    settle: on_stream_done\n    accuracy: approximate\n",
+                "approximate",
+            ),
+            ("    settle: on_stream_done\n    split: 4\n", "split rules"),
+        ] {
+            let e = mode(fields).expect_err(fields);
+            assert!(e.contains(says), "{fields}: {e}");
         }
     }
 }

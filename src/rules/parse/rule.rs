@@ -10,7 +10,7 @@ use marked_yaml::types::MarkedMappingNode;
 use super::values::{is_null, key_line, kind, line, scalar_line};
 use super::{Cx, LIMIT_FIELDS, NodeFlags, RATE_LIMIT_FIELDS};
 use crate::algorithm::{Algorithm, Params};
-use crate::rules::{Accuracy, FailMode, Partition, Rule, Scope, Unit};
+use crate::rules::{Accuracy, FailMode, Partition, Rule, Scope, SettleMode, Unit};
 
 /// Limits one descriptor's `limits:` may hold: each is a few Lua lines per
 /// check, and 8 covers a burst, a rate and quotas by minute, hour, day,
@@ -332,6 +332,7 @@ impl Cx<'_> {
             confirm_ban: false,
             max_cost: None,
             max_overdraft: None,
+            settle: SettleMode::default(),
             file: self.file.to_owned(),
             line: spec.line,
         };

@@ -64,7 +64,10 @@ impl RedisStore {
                 });
             }
         }
-        let mut cmd = self.limits_call(&self.reservations.reserve, &hold, |_| estimate)?;
+        let mut cmd =
+            self.limits_call(&self.reservations.reserve, hold.limits, hold.key, |_| {
+                estimate
+            })?;
         cmd.arg(hex(hold.nonce))
             .arg(ttl_us)
             .arg(GRACE.as_micros() as u64)
@@ -108,7 +111,7 @@ impl RedisStore {
         how: Settle,
         overdrafts: &[u64],
     ) -> Result<Settled, ReservationError> {
-        let mut cmd = self.limits_call(&self.reservations.settle, &hold, |j| {
+        let mut cmd = self.limits_call(&self.reservations.settle, hold.limits, hold.key, |j| {
             overdrafts.get(j).copied().unwrap_or(0)
         })?;
         let actual: i64 = match how {
@@ -155,6 +158,41 @@ impl RedisStore {
         }
     }
 
+    /// Charges `amount` hits now on every one of `limits` for `key`, limit
+    /// `j` at most `overdrafts[j]` past itself: settle.lua's charge with no
+    /// record (an empty nonce), on the Redis clock.
+    pub async fn charge(
+        &self,
+        limits: &[Limit],
+        key: &str,
+        amount: u64,
+        overdrafts: &[u64],
+    ) -> Result<Vec<LimitSettled>, ReservationError> {
+        let mut cmd = self.limits_call(&self.reservations.settle, limits, key, |j| {
+            overdrafts.get(j).copied().unwrap_or(0)
+        })?;
+        let amount = i64::try_from(amount).map_err(|_| {
+            crate::algorithm::InvalidInput::new("hits_addend", amount, "must be at most 10^15")
+        })?;
+        cmd.arg("").arg(amount);
+        let reply = self.here().invoke(&self.reservations.settle, &cmd).await?;
+        let non_negative = |v: i64| u64::try_from(v).map_err(|_| unexpected(&reply));
+        match reply.as_slice() {
+            [3, _, _, rest @ ..] if rest.len() == 4 * limits.len() => rest
+                .chunks(4)
+                .map(|l| {
+                    Ok(LimitSettled {
+                        refunded: 0,
+                        charged: non_negative(l[1])?,
+                        remaining: non_negative(l[2])?,
+                        limit: non_negative(l[3])?,
+                    })
+                })
+                .collect(),
+            _ => Err(unexpected(&reply)),
+        }
+    }
+
     /// The estimates of `rule` and `counter_key`'s open reservations,
     /// summed, on the Redis clock (see `scripts/outstanding.lua`).
     pub async fn outstanding(&self, rule: &str, counter_key: &str) -> Result<u64, StoreError> {
@@ -177,19 +215,20 @@ impl RedisStore {
         }
     }
 
-    /// EVALSHA of `script` with multi.lua's arguments for `hold`'s limits,
-    /// each limit's ninth argument from `ninth(j)`.
+    /// EVALSHA of `script` with multi.lua's arguments for `limits` of
+    /// `key`, each limit's ninth argument from `ninth(j)`.
     fn limits_call(
         &self,
         script: &Script,
-        hold: &Hold<'_>,
+        limits: &[Limit],
+        key: &str,
         ninth: impl Fn(usize) -> u64,
     ) -> Result<Cmd, ReservationError> {
-        let first: &Limit = hold.limits.first().ok_or_else(|| {
+        let first: &Limit = limits.first().ok_or_else(|| {
             crate::algorithm::InvalidInput::new("limits", "[]", "a reservation needs a limit")
         })?;
-        let prefix = key::key_prefix(&first.rule, hold.key)?;
-        let n = hold.limits.len();
+        let prefix = key::key_prefix(&first.rule, key)?;
+        let n = limits.len();
         let mut cmd = Cmd::with_capacity(8 + 10 * n, 128 + 96 * n);
         cmd.arg("EVALSHA").arg(script.get_hash()).arg(n);
         for j in 0..n {
@@ -202,7 +241,7 @@ impl RedisStore {
         // Reservations always run on the Redis clock: their ttl must hold
         // whichever pod settles them.
         cmd.arg("");
-        for (j, limit) in hold.limits.iter().enumerate() {
+        for (j, limit) in limits.iter().enumerate() {
             let params = &limit.params;
             let scale = params.scale();
             cmd.arg(params.algorithm() as usize)

@@ -6,6 +6,10 @@
 -- KEYS, ARGV[1 .. 1 + 9n]: as multi.lua (n limits); each limit's ninth
 --               argument is its max overdraft in hits, not a cost.
 -- ARGV[2 + 9n]  nonce          ARGV[3 + 9n] actual, or -1 to release
+-- An empty nonce charges ARGV[3 + 9n] hits with no record (Envoy's
+-- stream-done settlement, src/limiter/stream_done.rs): each limit takes at
+-- most its overdraft past itself, and the reply is {3, 0, amount, then per
+-- limit 0, charged, remaining, limit}.
 -- Returns {status, estimate, settled actual (-1: released), then per limit
 -- refunded, charged, remaining, limit}: status 1 settled now, 2 the same
 -- settlement again (nothing changed; refunded and charged are the first
@@ -148,6 +152,17 @@ end
 local n = #KEYS
 local nonce = ARGV[2 + 9 * n]
 local actual = tonumber(ARGV[3 + 9 * n])
+if nonce == '' then
+  local reply = {3, 0, actual}
+  for j = 1, n do
+    local algorithm, overdraft = load(j)
+    local charged = charge(KEYS[j], algorithm, actual, overdraft)
+    local _, lim, remaining = run(j, true)
+    local at = #reply
+    reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = 0, charged, remaining, lim
+  end
+  return reply
+end
 local record = KEYS[1] .. ':rv:' .. nonce
 local rec = redis.call('HMGET', record, 'e', 't', 'x', 's', 'a', 'o')
 if not rec[1] then
