@@ -92,6 +92,27 @@ pub struct Decided<'a> {
     pub windowed: bool,
 }
 
+/// A reservation of one global limit settled (committed or released): what
+/// the store gave back of its estimate and what excess it charged, so the
+/// pod's counts become the settled cost. The estimate itself was counted
+/// when the reservation was admitted, as a check of that cost.
+#[derive(Debug, Clone, Copy)]
+pub struct Settlement<'a> {
+    /// The limit's id (`Rule::limit_id`).
+    pub rule: &'a str,
+    /// The key as the rule counts it.
+    pub key: &'a str,
+    /// The rule's period.
+    pub period_ms: u64,
+    /// Hits given back into the window the estimate was charged in.
+    pub refunded: u64,
+    /// Excess hits charged now (past the estimate).
+    pub charged: u64,
+    /// How long before the settlement the estimate was charged: the refund
+    /// leaves the period the estimate was counted in.
+    pub charged_age_ms: u64,
+}
+
 /// What a decision's reset time tells of the clock-aligned window it was
 /// counted in. The answer's clock alone cannot place it: an answer can
 /// arrive after the boundary of the window that decided it, and counting it
@@ -295,7 +316,8 @@ impl PodAccount {
             ResetTells::NextWindowEnd | ResetTells::Nothing => None,
         };
         let start = window_end_us.map_or(now_start, |us| decided_window(now, us, period));
-        count_admitted(rule, &mut self.period_keys, d, period, start);
+        let admitted = if d.allowed { d.cost } else { 0 };
+        count_admitted(rule, &mut self.period_keys, d.key, admitted, period, start);
         if d.allowed && d.window_use && d.counted {
             count_window(rule, start, used);
         }
@@ -307,6 +329,51 @@ impl PodAccount {
             }
         }
         TopUp::wanted(used, d.limit) && self.ask_top_up(d, asked, now)
+    }
+
+    /// Counts a settled reservation at `now`: its refund comes off the
+    /// demand and the admitted count of the period the estimate was counted
+    /// in, its excess is added to both (the current period), so the leader
+    /// sees settled cost, not estimates.
+    ///
+    /// A refund comes off the demand counted since the last report; what
+    /// the last report already carried stays reported (a refund larger than
+    /// what is counted since leaves it at 0). Demand is a pace the leader
+    /// smooths, and reservations settle within seconds of a report interval,
+    /// so only a key whose traffic stops with refunds pending is seen
+    /// slightly high, for one interval. The admitted counts are cumulative
+    /// per period, so there the refund is exact while the period is held.
+    pub fn settled(&mut self, s: &Settlement<'_>, now: Millis) {
+        if s.refunded == 0 && s.charged == 0 {
+            return;
+        }
+        self.since.get_or_insert(now);
+        self.started_ms.get_or_insert(now);
+        if !self.rules.contains_key(s.rule) {
+            self.rules.insert(s.rule.to_owned(), RuleAccount::default());
+        }
+        let Some(rule) = self.rules.get_mut(s.rule) else {
+            return;
+        };
+        let hits = if rule.keys.contains_key(s.key) {
+            rule.keys.get_mut(s.key)
+        } else if s.charged > 0 && self.tracked < MAX_TRACKED_KEYS {
+            self.tracked += 1;
+            Some(rule.keys.entry(s.key.to_string()).or_default())
+        } else {
+            None
+        }
+        .unwrap_or(&mut rule.rest);
+        for n in [&mut hits.0, &mut hits.1] {
+            *n = (*n + s.charged).saturating_sub(s.refunded);
+        }
+        let period = (s.period_ms as Millis).max(1);
+        let charged_at = now - s.charged_age_ms.min(now.max(0) as u64) as Millis;
+        uncount_admitted(rule, s.key, s.refunded, charged_at.div_euclid(period) * period);
+        if s.charged > 0 {
+            let start = now.div_euclid(period) * period;
+            count_admitted(rule, &mut self.period_keys, s.key, s.charged, period, start);
+        }
     }
 
     /// Queues a top-up for the decision's key unless it asked within
@@ -525,14 +592,15 @@ fn count_demand(rule: &mut RuleAccount, tracked: &mut usize, d: &Decided<'_>) ->
     *hits
 }
 
-/// Adds a decision to the period starting at `start`: a newer period
-/// pushes the current one to `ended` (and the one before out); a decision
-/// of a period older than both is not counted (its reports have gone).
-/// `period_keys` counts keys over every rule and period.
+/// Adds `admitted` hits of `key` to the period starting at `start`: a newer
+/// period pushes the current one to `ended` (and the one before out); a
+/// decision of a period older than both is not counted (its reports have
+/// gone). `period_keys` counts keys over every rule and period.
 fn count_admitted(
     rule: &mut RuleAccount,
     period_keys: &mut usize,
-    d: &Decided<'_>,
+    key: &str,
+    admitted: u64,
     period: Millis,
     start: Millis,
 ) {
@@ -556,15 +624,35 @@ fn count_admitted(
             _ => return,
         }
     };
-    if !d.allowed {
+    if admitted == 0 {
         return;
     }
-    count.total += d.cost;
-    if let Some(n) = count.keys.get_mut(d.key) {
-        *n += d.cost;
+    count.total += admitted;
+    if let Some(n) = count.keys.get_mut(key) {
+        *n += admitted;
     } else if *period_keys < MAX_PERIOD_KEYS {
-        count.keys.insert(d.key.to_string(), d.cost);
+        count.keys.insert(key.to_string(), admitted);
         *period_keys += 1;
+    }
+}
+
+/// Takes `refunded` hits of `key` off the period starting at `start`, if it
+/// is still held (a refund of an older period changes nothing reported).
+fn uncount_admitted(rule: &mut RuleAccount, key: &str, refunded: u64, start: Millis) {
+    let Some(periods) = rule.periods.as_mut() else {
+        return;
+    };
+    let count = if periods.current.start_ms == start {
+        &mut periods.current
+    } else {
+        match periods.ended.as_mut() {
+            Some(ended) if ended.start_ms == start => ended,
+            _ => return,
+        }
+    };
+    count.total = count.total.saturating_sub(refunded);
+    if let Some(n) = count.keys.get_mut(key) {
+        *n = n.saturating_sub(refunded);
     }
 }
 

@@ -113,6 +113,10 @@ pub struct Settled {
     /// Per limit, in order; on a replay, what the first settlement did
     /// (with `remaining` as of now).
     pub limits: Vec<LimitSettled>,
+    /// How long before this settlement (on the store's clock) the estimate
+    /// was charged: places the refund in the period the estimate was
+    /// counted in, for the demand report of global rules.
+    pub charged_age_us: Micros,
 }
 
 /// Why a reservation could not be made or settled.
@@ -320,6 +324,7 @@ impl MemoryBook {
                 settled: was.to_owned(),
                 replayed: true,
                 limits,
+                charged_age_us: now.saturating_sub(reserved_at),
             });
         }
         if record.expires_at <= now {
@@ -362,6 +367,7 @@ impl MemoryBook {
             settled: how,
             replayed: false,
             limits,
+            charged_age_us: now.saturating_sub(reserved_at),
         })
     }
 

@@ -32,11 +32,12 @@ use tokio::sync::Notify;
 use crate::algorithm::{InvalidInput, Params};
 use crate::allocation::Millis;
 use crate::allocation::global_rule::GlobalRule;
-use crate::allocation::pod::{Decided, PodAccount, ResetTells};
+use crate::allocation::pod::{Decided, PodAccount, ResetTells, Settlement};
 use crate::allocation::table::{RegionUpdate, Table};
 use crate::clock::now_unix_ms;
 use crate::proto::meridian::v1 as pb;
 use crate::rules::{Rule, RuleSet, Scope};
+use crate::store::reservation::LimitSettled;
 
 use flight::Flight;
 pub use flight::InFlight;
@@ -323,6 +324,28 @@ impl Global {
             counter!("meridian_allocation_top_ups_total", "rule" => id.into_owned()).increment(1);
             self.wake.notify_one();
         }
+    }
+
+    /// Counts a settled reservation of limit `index` of a global rule: its
+    /// refund and excess turn the estimate counted at admission into the
+    /// settled cost the demand report carries (see [`PodAccount::settled`]).
+    pub fn settled(&self, rule: &Rule, index: usize, key: &str, settled: &LimitSettled, age_us: u64) {
+        if !self.is_global(rule) {
+            return;
+        }
+        let Some(params) = rule.limits().nth(index) else {
+            return;
+        };
+        let id = rule.limit_id(index);
+        let settlement = Settlement {
+            rule: id.as_ref(),
+            key,
+            period_ms: params.period().as_millis() as u64,
+            refunded: settled.refunded,
+            charged: settled.charged,
+            charged_age_ms: age_us / 1_000,
+        };
+        self.account().settled(&settlement, now_unix_ms());
     }
 
     /// Applies an allocation update from the coordinator stream. True when
