@@ -53,6 +53,14 @@ pub const ADMITTED_TOP_KEYS: usize = 16;
 /// (~6 MB at 512-byte keys).
 pub const MAX_PERIOD_KEYS: usize = 10_000;
 
+/// Keys whose refunds wait to come off their demand (see
+/// [`PodAccount::settled`]), over every rule; a refund of another key while
+/// this many wait is not carried (its key's demand reads high, once).
+pub const MAX_OWED_KEYS: usize = 10_000;
+/// Demand reports a refund waits through for demand of its key to come off;
+/// then it is dropped (the key's traffic stopped: its demand decays anyway).
+pub const OWED_REPORTS: u8 = 10;
+
 /// Maps keyed by rule ids and clients' keys, touched on every decision:
 /// foldhash (seeded per process, as the over-limit cache and the memory
 /// store use for the same keys), not SipHash.
@@ -111,6 +119,11 @@ pub struct Settlement<'a> {
     /// How long before the settlement the estimate was charged: the refund
     /// leaves the period the estimate was counted in.
     pub charged_age_ms: u64,
+    /// For a counted rule (exact fixed window, no override): the key's use
+    /// of its limit after the settlement, as the store answered it. An
+    /// excess raises the count without a decision, and the in-window
+    /// re-grant must not read the window as emptier than it is.
+    pub used: Option<u64>,
 }
 
 /// What a decision's reset time tells of the clock-aligned window it was
@@ -181,6 +194,10 @@ struct RuleAccount {
     peak: Option<(Millis, Millis, u64)>,
     /// Admitted per clock-aligned period.
     periods: Option<RulePeriods>,
+    /// Key → (refunded hits not yet taken off its demand, demand reports
+    /// since): a refund of an estimate an earlier report carried comes off
+    /// the key's next reports. At most [`MAX_OWED_KEYS`] over every rule.
+    owed: Map<String, (u64, u8)>,
 }
 
 impl RuleAccount {
@@ -246,6 +263,8 @@ pub struct PodAccount {
     /// its count would be taken for the region's while missing those —
     /// an in-window grant could then put the window over L.
     started_ms: Option<Millis>,
+    /// Keys with refunds owed, over every rule: at most [`MAX_OWED_KEYS`].
+    owed_keys: usize,
     /// Top-up requests waiting for the next report.
     top_ups: Vec<TopUp>,
     /// Each (rule, key)'s last top-up request, so a key asks at most every
@@ -267,6 +286,7 @@ impl PodAccount {
             started_ms: None,
             top_ups: Vec::new(),
             last_top_up: Map::default(),
+            owed_keys: 0,
         }
     }
 
@@ -336,13 +356,13 @@ impl PodAccount {
     /// in, its excess is added to both (the current period), so the leader
     /// sees settled cost, not estimates.
     ///
-    /// A refund comes off the demand counted since the last report; what
-    /// the last report already carried stays reported (a refund larger than
-    /// what is counted since leaves it at 0). Demand is a pace the leader
-    /// smooths, and reservations settle within seconds of a report interval,
-    /// so only a key whose traffic stops with refunds pending is seen
-    /// slightly high, for one interval. The admitted counts are cumulative
-    /// per period, so there the refund is exact while the period is held.
+    /// A report carries no negative demand, so a refund of an estimate an
+    /// earlier report carried comes off the key's demand counted since, and
+    /// what that cannot hold is owed: taken off the key's next reports, for
+    /// up to [`OWED_REPORTS`] of them (a key whose traffic stopped keeps
+    /// its last reports slightly high; its demand decays anyway). The
+    /// admitted counts are cumulative per period, so there the refund is
+    /// exact while the period is held.
     pub fn settled(&mut self, s: &Settlement<'_>, now: Millis) {
         if s.refunded == 0 && s.charged == 0 {
             return;
@@ -362,17 +382,35 @@ impl PodAccount {
             Some(rule.keys.entry(s.key.to_string()).or_default())
         } else {
             None
-        }
-        .unwrap_or(&mut rule.rest);
-        for n in [&mut hits.0, &mut hits.1] {
-            *n = (*n + s.charged).saturating_sub(s.refunded);
+        };
+        let hits = hits.unwrap_or(&mut rule.rest);
+        // allowed ≤ asked: what comes off both leaves them in order.
+        let taken = s.refunded.min(hits.1 + s.charged);
+        hits.0 = hits.0 + s.charged - taken;
+        hits.1 = hits.1 + s.charged - taken;
+        let left = s.refunded - taken;
+        if left > 0 {
+            if let Some(owed) = rule.owed.get_mut(s.key) {
+                owed.0 += left;
+            } else if self.owed_keys < MAX_OWED_KEYS {
+                rule.owed.insert(s.key.to_string(), (left, 0));
+                self.owed_keys += 1;
+            }
         }
         let period = (s.period_ms as Millis).max(1);
         let charged_at = now - s.charged_age_ms.min(now.max(0) as u64) as Millis;
-        uncount_admitted(rule, s.key, s.refunded, charged_at.div_euclid(period) * period);
+        uncount_admitted(
+            rule,
+            s.key,
+            s.refunded,
+            charged_at.div_euclid(period) * period,
+        );
         if s.charged > 0 {
             let start = now.div_euclid(period) * period;
             count_admitted(rule, &mut self.period_keys, s.key, s.charged, period, start);
+            if let Some(used) = s.used {
+                count_window(rule, start, used);
+            }
         }
     }
 
@@ -443,12 +481,16 @@ impl PodAccount {
             .map_or(0, |t| (now - t).max(1) as u64);
         self.tracked = 0;
         for (id, rule) in &mut self.rules {
+            if !rule.owed.is_empty() {
+                pay_owed(rule, &mut self.owed_keys);
+            }
             if !rule.has_demand() {
                 continue;
             }
             let keys = rule
                 .keys
                 .drain()
+                .filter(|(_, (asked, _))| *asked > 0)
                 .map(|(key, (asked, allowed))| KeyDemand {
                     key,
                     asked,
@@ -634,6 +676,24 @@ fn count_admitted(
         count.keys.insert(key.to_string(), admitted);
         *period_keys += 1;
     }
+}
+
+/// Takes the refunds owed off the demand counted since the last report, key
+/// by key; a refund still owed after [`OWED_REPORTS`] reports is dropped.
+fn pay_owed(rule: &mut RuleAccount, owed_keys: &mut usize) {
+    let before = rule.owed.len();
+    let keys = &mut rule.keys;
+    rule.owed.retain(|key, (owed, reports)| {
+        if let Some(hits) = keys.get_mut(key) {
+            let taken = (*owed).min(hits.1);
+            hits.0 -= taken;
+            hits.1 -= taken;
+            *owed -= taken;
+        }
+        *reports += 1;
+        *owed > 0 && *reports < OWED_REPORTS
+    });
+    *owed_keys -= before - rule.owed.len();
 }
 
 /// Takes `refunded` hits of `key` off the period starting at `start`, if it

@@ -344,6 +344,7 @@ fn settlement(key: &str, refunded: u64, charged: u64, age_ms: u64) -> Settlement
         refunded,
         charged,
         charged_age_ms: age_ms,
+        used: None,
     }
 }
 
@@ -359,7 +360,10 @@ fn a_settled_reservation_reports_its_settled_cost_not_its_estimate() {
     let report = account.report(&holding(10_000), true, T0 + 6_000);
     let key = &report.rules[0].keys[0];
     assert_eq!((key.asked, key.allowed), (170, 170), "200 − 60 + 30");
-    assert_eq!(admitted(&report), vec![(0, None, 170), (0, Some("42"), 170)]);
+    assert_eq!(
+        admitted(&report),
+        vec![(0, None, 170), (0, Some("42"), 170)]
+    );
 }
 
 #[test]
@@ -387,7 +391,7 @@ fn a_refund_leaves_the_period_its_estimate_was_counted_in() {
 }
 
 #[test]
-fn a_refund_larger_than_the_demand_since_the_last_report_stops_at_zero() {
+fn a_refund_larger_than_the_demand_since_the_last_report_comes_off_the_next_ones() {
     let mut account = PodAccount::new("r", "pod");
     account.record(&reserved("42", 100, T0 + 1_000), T0 + 1_000);
     let first = account.report(&holding(10_000), true, T0 + 2_000);
@@ -400,9 +404,34 @@ fn a_refund_larger_than_the_demand_since_the_last_report_stops_at_zero() {
     account.settled(&settlement("7", 10, 0, 2_000), T0 + 3_000);
     let report = account.report(&holding(10_000), true, T0 + 4_000);
     let rd = &report.rules[0];
-    assert_eq!(rd.keys.len(), 1);
-    assert_eq!((rd.keys[0].asked, rd.remainder_asked), (0, 0));
+    assert!(rd.keys.is_empty(), "10 − 90: nothing, 80 owed: {rd:?}");
+    assert_eq!(rd.remainder_asked, 0);
     // The admitted counts of the minute are exact: 110 − 90 − 10, and
     // 110 − 90 for the key.
     assert_eq!(admitted(&report), vec![(0, None, 10), (0, Some("42"), 20)]);
+    // The 80 owed come off the key's next demand: 50 + 50 − 80.
+    account.record(&reserved("42", 50, T0 + 5_000), T0 + 5_000);
+    let next = account.report(&holding(10_000), true, T0 + 6_000);
+    assert!(next.rules[0].keys.is_empty(), "50 − 80: 30 still owed");
+    account.record(&reserved("42", 50, T0 + 7_000), T0 + 7_000);
+    let last = account.report(&holding(10_000), true, T0 + 8_000);
+    assert_eq!(last.rules[0].keys[0].asked, 20);
+    assert_eq!(account.rules[RULE].owed.get("42"), None, "paid off");
+    assert_eq!(account.owed_keys, 1, "key 7's 10 wait for its demand");
+}
+
+#[test]
+fn refunds_owed_stay_bounded_under_a_flood_of_keys_and_expire() {
+    let mut account = PodAccount::new("r", "pod");
+    for i in 0..MAX_OWED_KEYS + 100 {
+        account.settled(&settlement(&format!("k{i}"), 10, 0, 1_000), T0 + 1_000);
+    }
+    assert_eq!(account.owed_keys, MAX_OWED_KEYS);
+    assert_eq!(account.rules[RULE].owed.len(), MAX_OWED_KEYS);
+    for n in 0..OWED_REPORTS as i64 {
+        account.record(&hit("other", true, 5, T0 + 2_000 + n), T0 + 2_000 + n);
+        account.report(&holding(10), true, T0 + 3_000 + n);
+    }
+    assert_eq!(account.owed_keys, 0, "dropped after {OWED_REPORTS} reports");
+    assert!(account.rules[RULE].owed.is_empty());
 }

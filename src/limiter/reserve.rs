@@ -289,9 +289,11 @@ impl Service {
         if let Ok(settled) = &result
             && !settled.replayed
         {
+            let window_use = self.overrides.params(&rule, &id.key).is_none();
             for (index, limit) in settled.limits.iter().enumerate() {
+                let age = settled.charged_age_us;
                 self.global
-                    .settled(&rule, index, &id.key, limit, settled.charged_age_us);
+                    .settled(&rule, index, &id.key, limit, age, window_use);
             }
         }
         let outcome = match (&result, how) {
@@ -404,7 +406,8 @@ impl Service {
         #[cfg(feature = "server")]
         {
             use super::global::Counted;
-            let admitted = decisions.len() == rule.also.len() + 1 && decisions.iter().all(|d| d.allowed);
+            let admitted =
+                decisions.len() == rule.also.len() + 1 && decisions.iter().all(|d| d.allowed);
             let overridden = self.overrides.params(rule, key).is_some();
             for index in 0..=rule.also.len() {
                 let Some(d) = decisions.get(index).or(decisions.first()) else {

@@ -35,6 +35,7 @@ mod docs_links;
 mod drills;
 mod envoy_fields;
 mod equivalence;
+mod global_cost;
 mod global_failover;
 mod global_in_window;
 mod global_last_report;

@@ -329,7 +329,17 @@ impl Global {
     /// Counts a settled reservation of limit `index` of a global rule: its
     /// refund and excess turn the estimate counted at admission into the
     /// settled cost the demand report carries (see [`PodAccount::settled`]).
-    pub fn settled(&self, rule: &Rule, index: usize, key: &str, settled: &LimitSettled, age_us: u64) {
+    /// `window_use`: the settlement's limit is the rule's allocation (no
+    /// override), so its count is the key's use of it.
+    pub fn settled(
+        &self,
+        rule: &Rule,
+        index: usize,
+        key: &str,
+        settled: &LimitSettled,
+        age_us: u64,
+        window_use: bool,
+    ) {
         if !self.is_global(rule) {
             return;
         }
@@ -344,6 +354,8 @@ impl Global {
             refunded: settled.refunded,
             charged: settled.charged,
             charged_age_ms: age_us / 1_000,
+            used: (window_use && Self::counted_window_ms(rule, index).is_some())
+                .then(|| settled.limit.saturating_sub(settled.remaining)),
         };
         self.account().settled(&settlement, now_unix_ms());
     }
