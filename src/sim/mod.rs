@@ -122,7 +122,7 @@ impl Summary {
         (den > 0).then(|| num as f64 * 100.0 / den as f64)
     }
 
-    pub(crate) fn max_overshoot_pct(&self, limit: u64) -> f64 {
+    pub fn max_overshoot_pct(&self, limit: u64) -> f64 {
         self.max_key_admitted as f64 * 100.0 / limit as f64
     }
 
@@ -137,7 +137,7 @@ impl Summary {
         Self::pct(u128::from(self.over), u128::from(self.contended))
     }
 
-    pub(crate) fn false_rejections_pct(&self) -> Option<f64> {
+    pub fn false_rejections_pct(&self) -> Option<f64> {
         Self::pct(self.false_rejected, self.ideal_admitted)
     }
 
