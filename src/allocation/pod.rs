@@ -26,6 +26,7 @@ use foldhash::fast::RandomState;
 use super::demand::{KeyDemand, MAX_REPORT_TOP_UPS, REPORT_TOP_KEYS, bound_report};
 use super::leader::{PodReport, RuleDemand, RuleUse, TopUp};
 use super::ledger::PeriodAdmitted;
+use super::reserved::OpenReservations;
 use super::{Epoch, Millis, WindowUse};
 
 /// Distinct keys counted between two reports, over all global rules;
@@ -265,6 +266,8 @@ pub struct PodAccount {
     started_ms: Option<Millis>,
     /// Keys with refunds owed, over every rule: at most [`MAX_OWED_KEYS`].
     owed_keys: usize,
+    /// Net open reservations per key, for the reports (`reserved.rs`).
+    open: OpenReservations,
     /// Top-up requests waiting for the next report.
     top_ups: Vec<TopUp>,
     /// Each (rule, key)'s last top-up request, so a key asks at most every
@@ -287,6 +290,7 @@ impl PodAccount {
             top_ups: Vec::new(),
             last_top_up: Map::default(),
             owed_keys: 0,
+            open: OpenReservations::default(),
         }
     }
 
@@ -414,6 +418,12 @@ impl PodAccount {
         }
     }
 
+    /// Adds `delta` to the reservations open on `key` of `rule` until
+    /// `expires_ms`: an estimate opened here, or (negative) one settled here.
+    pub fn open_reservation(&mut self, rule: &str, key: &str, delta: i64, expires_ms: Millis) {
+        self.open.add(rule, key, delta, expires_ms);
+    }
+
     /// Queues a top-up for the decision's key unless it asked within
     /// [`TOP_UP_EVERY_MS`] or a bound is reached; true if queued.
     fn ask_top_up(&mut self, d: &Decided<'_>, asked: (u64, u64), now: Millis) -> bool {
@@ -470,6 +480,7 @@ impl PodAccount {
             top_ups: std::mem::take(&mut self.top_ups),
             used: self.window_use(&holding.counted, now),
             admitted: self.admitted(now),
+            reserved: self.open.report(now),
             ..PodReport::default()
         };
         if !with_demand {

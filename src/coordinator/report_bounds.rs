@@ -9,6 +9,7 @@ use tonic::Status;
 use crate::allocation::demand::{KeyDemand, REPORT_TOP_KEYS};
 use crate::allocation::leader::{PodReport, RuleDemand, RuleUse, TopUp};
 use crate::allocation::ledger::PeriodAdmitted;
+use crate::allocation::reserved::{KeyReserved, REPORT_RESERVED_KEYS};
 use crate::allocation::{WindowUse, valid_region_name};
 use crate::proto::meridian::v1 as pb;
 use crate::store::key::MAX_KEY_LEN;
@@ -88,6 +89,7 @@ pub fn accept(report: &pb::DemandReport) -> Result<PodReport, Status> {
         ("top_ups", report.top_ups.len()),
         ("admitted", report.admitted.len()),
         ("resets_applied", report.resets_applied.len()),
+        ("reserved", report.reserved.len()),
     ] {
         let max = match field {
             "top_ups" => MAX_REPORT_TOP_UPS,
@@ -97,6 +99,7 @@ pub fn accept(report: &pb::DemandReport) -> Result<PodReport, Status> {
             "used" => 2 * MAX_REPORT_RULES,
             // Every order a region can have pending.
             "resets_applied" => crate::coordinator::resets::MAX_RESETS,
+            "reserved" => REPORT_RESERVED_KEYS,
             _ => MAX_REPORT_RULES,
         };
         if n > max {
@@ -177,7 +180,22 @@ pub fn accept(report: &pb::DemandReport) -> Result<PodReport, Status> {
             admitted: hits("admitted.admitted", a.admitted)?,
         });
     }
+    let mut reserved = Vec::with_capacity(report.reserved.len());
+    for r in &report.reserved {
+        if r.outstanding.unsigned_abs() > MAX_HITS {
+            return Err(refuse(
+                "reserved.outstanding",
+                format!("{} is beyond ±{MAX_HITS}", r.outstanding),
+            ));
+        }
+        reserved.push(KeyReserved {
+            rule: name("reserved.rule", &r.rule, MAX_KEY_LEN)?,
+            key: name("reserved.key", &r.key, MAX_KEY_LEN)?,
+            outstanding: r.outstanding,
+        });
+    }
     Ok(PodReport {
+        reserved,
         region: report.region.clone(),
         pod,
         epoch: report.epoch,

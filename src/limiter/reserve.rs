@@ -194,6 +194,13 @@ impl Service {
             .reserve(hold, request.estimate, request.ttl.as_micros() as u64)
             .await?;
         self.count_reserved(&rule, &counter_key, request.estimate, &reserved.decisions);
+        #[cfg(feature = "server")]
+        if reserved.admitted {
+            let ttl_ms = request.ttl.as_millis() as u64;
+            let estimate = request.estimate as i64;
+            self.global
+                .open_reservation(&rule, &counter_key, estimate, ttl_ms);
+        }
         let outcome = if reserved.admitted {
             "opened"
         } else {
@@ -289,6 +296,10 @@ impl Service {
         if let Ok(settled) = &result
             && !settled.replayed
         {
+            let left_ms = settled.expires_in_us / 1_000;
+            let estimate = settled.estimate as i64;
+            self.global
+                .open_reservation(&rule, &id.key, -estimate, left_ms);
             let window_use = self.overrides.params(&rule, &id.key).is_none();
             for (index, limit) in settled.limits.iter().enumerate() {
                 let age = settled.charged_age_us;

@@ -117,6 +117,9 @@ pub struct Settled {
     /// was charged: places the refund in the period the estimate was
     /// counted in, for the demand report of global rules.
     pub charged_age_us: Micros,
+    /// How long until the reservation's ttl ends (0: it has): until then
+    /// it counted as open in the demand reports.
+    pub expires_in_us: Micros,
 }
 
 /// Why a reservation could not be made or settled.
@@ -309,7 +312,8 @@ impl MemoryBook {
         else {
             return Err(ReservationError::Unknown);
         };
-        let (estimate, reserved_at) = (record.estimate, record.reserved_at);
+        let (estimate, reserved_at, expires_at) =
+            (record.estimate, record.reserved_at, record.expires_at);
         if let Some((was, limits)) = &record.settled {
             if *was != how {
                 return Err(ReservationError::AlreadySettled { was: *was });
@@ -325,6 +329,7 @@ impl MemoryBook {
                 replayed: true,
                 limits,
                 charged_age_us: now.saturating_sub(reserved_at),
+                expires_in_us: expires_at.saturating_sub(now),
             });
         }
         if record.expires_at <= now {
@@ -368,6 +373,7 @@ impl MemoryBook {
             replayed: false,
             limits,
             charged_age_us: now.saturating_sub(reserved_at),
+            expires_in_us: expires_at.saturating_sub(now),
         })
     }
 

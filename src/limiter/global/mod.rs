@@ -360,6 +360,22 @@ impl Global {
         self.account().settled(&settlement, now_unix_ms());
     }
 
+    /// Adds `delta` (an estimate opened here, or minus one settled here)
+    /// to the reservations open on `key` under every limit of a global
+    /// `rule`, until `expires_in_ms` from now, for the reports (`ctl
+    /// usage` shows reserved vs settled).
+    pub fn open_reservation(&self, rule: &Rule, key: &str, delta: i64, expires_in_ms: u64) {
+        if !self.is_global(rule) {
+            return;
+        }
+        let now = now_unix_ms();
+        let until = now.saturating_add(expires_in_ms.min(i64::MAX as u64) as i64);
+        let mut account = self.account();
+        for index in 0..=rule.also.len() {
+            account.open_reservation(&rule.limit_id(index), key, delta, until);
+        }
+    }
+
     /// Applies an allocation update from the coordinator stream. True when
     /// it raised a value at once (a grant within the window): keys the
     /// over-limit cache holds as denied until the window ends may pass now.

@@ -132,7 +132,7 @@ impl RedisStore {
             [-3, _, was, ..] => Err(ReservationError::AlreadySettled {
                 was: settle_of(*was),
             }),
-            [status @ (1 | 2), estimate, was, rest @ .., age]
+            [status @ (1 | 2), estimate, was, rest @ .., age, left]
                 if rest.len() == 4 * hold.limits.len() =>
             {
                 let limits = rest
@@ -152,6 +152,7 @@ impl RedisStore {
                     replayed: *status == 2,
                     limits,
                     charged_age_us: non_negative(*age)?,
+                    expires_in_us: non_negative(*left)?,
                 })
             }
             _ => Err(unexpected(&reply)),

@@ -8,7 +8,7 @@
 -- ARGV[2 + 9n]  nonce          ARGV[3 + 9n] actual, or -1 to release
 -- Returns {status, estimate, settled actual (-1: released), then per limit
 -- refunded, charged, remaining, limit, then µs since the estimate was
--- charged}: status 1 settled now, 2 the same
+-- charged and µs until the reservation's ttl ends (0: passed)}: status 1 settled now, 2 the same
 -- settlement again (nothing changed; refunded and charged are the first
 -- one's), -1 unknown id (nothing follows), -2 expired at its ttl (settled at
 -- its estimate; nothing changed), -3 settled otherwise before (the third
@@ -172,6 +172,7 @@ if rec[4] ~= '0' then
     reply[at + 3], reply[at + 4] = remaining, lim
   end
   reply[#reply + 1] = math.max(0, now - reserved_at)
+  reply[#reply + 1] = math.max(0, expires - now)
   return reply
 end
 if now >= expires then
@@ -200,4 +201,5 @@ end
 redis.call('HSET', record, 's', settled, 'a', int(actual), 'o', table.concat(first, ','))
 redis.call('ZREM', KEYS[1] .. ':rvo', nonce .. ':' .. int(estimate))
 reply[#reply + 1] = math.max(0, now - reserved_at)
+reply[#reply + 1] = math.max(0, expires - now)
 return reply
