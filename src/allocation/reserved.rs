@@ -110,13 +110,16 @@ impl OpenReservations {
     }
 }
 
+/// A (rule, key) or a (region, pod): two names.
+type Pair = (String, String);
+
 /// The leader's view: each pod's latest net per key, to sum per region.
 #[derive(Debug, Default)]
 pub struct ReservedBook {
     /// (rule, key) → (region, pod) → the pod's net.
-    keys: HashMap<(String, String), HashMap<(String, String), i64>>,
+    keys: HashMap<Pair, HashMap<Pair, i64>>,
     /// (region, pod) → the keys its last report listed, and when heard.
-    pods: HashMap<(String, String), (Vec<(String, String)>, Millis)>,
+    pods: HashMap<Pair, (Vec<Pair>, Millis)>,
 }
 
 impl ReservedBook {
