@@ -255,6 +255,27 @@ mod tests {
     }
 
     #[test]
+    fn open_reservations_are_bounded_in_count_size_and_value() {
+        let key = |key: &str, outstanding| pb::KeyReserved {
+            rule: "api|customer".into(),
+            key: key.into(),
+            outstanding,
+        };
+        let mut r = report();
+        r.reserved = vec![key("42", -300)];
+        let got = accept(&r).expect("a negative net is a pod's to report");
+        assert_eq!(got.reserved[0].outstanding, -300);
+        r.reserved = (0..=REPORT_RESERVED_KEYS)
+            .map(|i| key(&i.to_string(), 1))
+            .collect();
+        assert!(refused(&r).contains("report reserved: 1001 entries"));
+        r.reserved = vec![key(&"k".repeat(MAX_KEY_LEN + 1), 1)];
+        assert!(refused(&r).contains("reserved.key"));
+        r.reserved = vec![key("42", i64::MIN)];
+        assert!(refused(&r).contains("reserved.outstanding"));
+    }
+
+    #[test]
     fn every_bound_is_enforced_and_named() {
         let mut r = report();
         r.region = format!("<script>{}\0", "x".repeat(200_000));
