@@ -577,6 +577,46 @@ mod tests {
     }
 
     #[test]
+    fn a_cost_table_is_checked_naming_the_field() {
+        let with = |cost: &str| {
+            let text = format!(
+                "name = \"t\"\nduration_s = 60\n\n[rule]\nalgorithm = \"fixed_window\"\nlimit = 2000\nperiod_s = 10\n\n[[region]]\nname = \"a\"\n\n[traffic]\ncustomers = 1\nrate = 1.0\n\n[cost]\n{cost}\n"
+            );
+            Scenario::parse("t.toml", &text)
+        };
+        let good = "estimate = 100\nmedian = 60.0\nsigma = 1.0\nmax_cost = 1000\nsettle_min_s = 1.0\nsettle_max_s = 5.0";
+        let cost = with(good).expect("valid").cost.expect("a cost table");
+        assert_eq!(
+            (
+                cost.estimate,
+                cost.settle_min_ms,
+                cost.settle_max_ms,
+                cost.max_overdraft
+            ),
+            (100, 1_000, 5_000, None)
+        );
+        for (bad, what, field_name) in [
+            ("estimate = 100", "estimate = 0", "cost.estimate"),
+            ("estimate = 100", "estimate = 5000", "cost.estimate"),
+            ("sigma = 1.0", "sigma = nan", "cost.sigma"),
+            ("median = 60.0", "median = 0.5", "cost.median"),
+            ("max_cost = 1000", "max_cost = 50", "cost.max_cost"),
+            (
+                "settle_max_s = 5.0",
+                "settle_max_s = 0.5",
+                "cost.settle_min_s",
+            ),
+        ] {
+            assert_eq!(field(with(&good.replace(bad, what))), field_name, "{what}");
+        }
+        assert_eq!(
+            field(with(&format!("{good}\nmax_overdraft = -1"))),
+            "cost.max_overdraft"
+        );
+        assert_eq!(field(with(&format!("{good}\nunknown = 1"))), "toml");
+    }
+
+    #[test]
     fn a_lease_no_longer_than_suspect_after_is_refused_naming_the_field() {
         let refused = scenario("lease_s = 20").expect_err("20 s lease, suspect after 20 s");
         assert_eq!(refused.field, "coordinator.lease_s");
