@@ -9,8 +9,10 @@
 //! Exact path only: an `accuracy: approximate` rule refuses reservations
 //! (its counts live in each pod until a flush, where no record could sit
 //! beside them). `scope: global` rules reserve against this region's
-//! allocation, as a check would; [`Service::outstanding`] tells what the
-//! region holds open, for the cross-region accounting.
+//! allocation, as a check would; a reservation is demand at its estimate
+//! when admitted and its settlement corrects it, and the pod reports what
+//! it holds open per key (`Global::settled`, `Global::open_reservation`;
+//! docs/cost-quotas.md, "Across regions").
 
 use std::time::Duration;
 
@@ -249,7 +251,9 @@ impl Service {
 
     /// The estimates of the open reservations this region holds on
     /// `counter_key` under the rule with id `rule_id`, summed (0 for no
-    /// such rule): the hook for the demand report of global rules.
+    /// such rule), read from the store (`Limiter::outstanding`). The
+    /// demand reports keep their own count instead (`allocation::reserved`):
+    /// a store read per key and report would cost a Redis call each.
     pub async fn outstanding(
         &self,
         rule_id: &str,

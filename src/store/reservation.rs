@@ -378,8 +378,7 @@ impl MemoryBook {
     }
 
     /// The estimates of `limits[0]`'s rule and `key`'s open reservations at
-    /// `now`: what the region holds but has not settled (the demand report's
-    /// hook for global rules).
+    /// `now`: what the region holds but has not settled.
     pub fn outstanding(
         &self,
         rule: &str,
