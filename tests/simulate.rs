@@ -215,6 +215,52 @@ fn zipf_customers_keep_every_window_within_the_limit() {
 
 /// Meridian denies no more of what the exact counter would admit than
 /// `others` do.
+/// LLM tokens settled 1–30 s after admission: reservations keep every
+/// window's settled tokens within L + Σ regions' `max_overdraft` (the stated
+/// bound), as charging the estimate keeps them within L; charging after the
+/// call lets calls in flight spend past it. Reservations reject less than
+/// charging an estimate, and let calls consume less above L than charging
+/// after.
+#[test]
+fn llm_tokens_reservations_keep_the_settled_bound_and_charging_after_does_not() {
+    use meridian::sim::cost::Charging;
+    let run = run(short("llm-tokens", 30));
+    let by = |c: Charging| match run.runs.iter().find(|r| r.charging == Some(c)) {
+        Some(r) => r,
+        None => panic!("no {} run", c.name()),
+    };
+    let ideal = of(&run, Strategy::Ideal);
+    for sr in [ideal, by(Charging::Reserve), by(Charging::Estimate)] {
+        for w in &sr.windows {
+            assert!(
+                w.bound_excess <= 0,
+                "{}: settled {} above the bound in the window at {} s",
+                sr.name(),
+                w.bound_excess,
+                w.start_ms / 1000
+            );
+        }
+    }
+    let (after, reserve, estimate) = (
+        &by(Charging::After).summary,
+        &by(Charging::Reserve).summary,
+        &by(Charging::Estimate).summary,
+    );
+    assert!(
+        after.max_bound_excess > 0,
+        "charging after kept the bound: {after:?}"
+    );
+    let limit = run.scenario.rule.limit;
+    assert!(
+        reserve.max_overshoot_pct(limit) < after.max_overshoot_pct(limit),
+        "reservations {reserve:?} vs charge-after {after:?}"
+    );
+    assert!(
+        reserve.false_rejections_pct() < estimate.false_rejections_pct(),
+        "reservations {reserve:?} vs charge-estimate {estimate:?}"
+    );
+}
+
 fn assert_fewer_false_rejections(run: &Run, others: &[Strategy]) {
     let meridian = of(run, Strategy::Meridian).summary.false_rejected;
     for &other in others {

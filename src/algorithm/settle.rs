@@ -146,6 +146,16 @@ pub fn settled(state: &mut KeyState, now: Micros, params: &Params) -> Outcome {
     state.decide(now, 0, params)
 }
 
+/// How far past `params` a committed excess may take a key: `max_overdraft`
+/// when set, else the limit's capacity (its limit; a bucket's burst),
+/// clipped to [`max_exact_overdraft`]. The rules (`Rule::overdraft`) and the
+/// simulator both ask here.
+pub fn overdraft(max_overdraft: Option<u64>, params: &Params) -> u64 {
+    max_overdraft
+        .unwrap_or_else(|| params.capacity())
+        .min(max_exact_overdraft(params))
+}
+
 /// The largest `max_overdraft` that keeps a bucket's arithmetic exact
 /// (below 2^53 scaled units, as the Lua scripts need): a rule's default is
 /// its capacity, clipped to this.

@@ -23,6 +23,7 @@
 //!   its acknowledgement or a grow its capacity: targets stay, what the
 //!   acknowledgement released is granted.
 
+use super::reserved::ReservedBook;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::cadence::{ReportCadence, report_interval_for};
@@ -134,6 +135,8 @@ pub struct Leader {
     unknown_regions: BTreeSet<String>,
     /// World-wide admitted per rule period, from the pods' reports.
     ledger: Ledger,
+    /// Open reservations per key and region, from the pods' reports.
+    reserved: ReservedBook,
     /// Pods whose reports cover longer spans than the interval given.
     cadence: ReportCadence,
     /// The next instant a lease schedule moves on its own (see
@@ -165,6 +168,7 @@ impl Leader {
             ack_ahead: None,
             unknown_regions: BTreeSet::new(),
             ledger: Ledger::default(),
+            reserved: ReservedBook::default(),
             cadence,
             step_at: None,
             returns: Returns::default(),
@@ -268,6 +272,8 @@ impl Leader {
             &self.rules,
             now,
         );
+        self.reserved
+            .record(&report.region, &report.pod, &report.reserved, now);
         self.cadence
             .observe(&report.region, &report.pod, report.interval_ms, now);
         let before = self.acks.region(&report.region, now, lease_ms).0;
@@ -538,6 +544,11 @@ impl Leader {
     /// World-wide admitted per rule period ([`Ledger`]).
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
+    }
+
+    /// Open reservations per key and region ([`ReservedBook`]).
+    pub fn reserved(&self) -> &ReservedBook {
+        &self.reserved
     }
 
     /// The ledger, to give it the rule set's terms or advance its clock.

@@ -28,6 +28,7 @@ pub mod override_scale;
 pub mod pod;
 pub mod pod_report;
 pub mod rebalance;
+pub mod reserved;
 pub mod returns;
 pub mod settings;
 pub mod table;

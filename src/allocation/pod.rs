@@ -26,6 +26,7 @@ use foldhash::fast::RandomState;
 use super::demand::{KeyDemand, MAX_REPORT_TOP_UPS, REPORT_TOP_KEYS, bound_report};
 use super::leader::{PodReport, RuleDemand, RuleUse, TopUp};
 use super::ledger::PeriodAdmitted;
+use super::reserved::OpenReservations;
 use super::{Epoch, Millis, WindowUse};
 
 /// Distinct keys counted between two reports, over all global rules;
@@ -52,6 +53,14 @@ pub const ADMITTED_TOP_KEYS: usize = 16;
 /// so they hold their place; a flood of random keys cannot grow memory
 /// (~6 MB at 512-byte keys).
 pub const MAX_PERIOD_KEYS: usize = 10_000;
+
+/// Keys whose refunds wait to come off their demand (see
+/// [`PodAccount::settled`]), over every rule; a refund of another key while
+/// this many wait is not carried (its key's demand reads high, once).
+pub const MAX_OWED_KEYS: usize = 10_000;
+/// Demand reports a refund waits through for demand of its key to come off;
+/// then it is dropped (the key's traffic stopped: its demand decays anyway).
+pub const OWED_REPORTS: u8 = 10;
 
 /// Maps keyed by rule ids and clients' keys, touched on every decision:
 /// foldhash (seeded per process, as the over-limit cache and the memory
@@ -90,6 +99,32 @@ pub struct Decided<'a> {
     /// The rule's algorithm has windows (not a bucket): its peak use per
     /// window is kept for the limiter's gauge.
     pub windowed: bool,
+}
+
+/// A reservation of one global limit settled (committed or released): what
+/// the store gave back of its estimate and what excess it charged, so the
+/// pod's counts become the settled cost. The estimate itself was counted
+/// when the reservation was admitted, as a check of that cost.
+#[derive(Debug, Clone, Copy)]
+pub struct Settlement<'a> {
+    /// The limit's id (`Rule::limit_id`).
+    pub rule: &'a str,
+    /// The key as the rule counts it.
+    pub key: &'a str,
+    /// The rule's period.
+    pub period_ms: u64,
+    /// Hits given back into the window the estimate was charged in.
+    pub refunded: u64,
+    /// Excess hits charged now (past the estimate).
+    pub charged: u64,
+    /// How long before the settlement the estimate was charged: the refund
+    /// leaves the period the estimate was counted in.
+    pub charged_age_ms: u64,
+    /// For a counted rule (exact fixed window, no override): the key's use
+    /// of its limit after the settlement, as the store answered it. An
+    /// excess raises the count without a decision, and the in-window
+    /// re-grant must not read the window as emptier than it is.
+    pub used: Option<u64>,
 }
 
 /// What a decision's reset time tells of the clock-aligned window it was
@@ -160,6 +195,10 @@ struct RuleAccount {
     peak: Option<(Millis, Millis, u64)>,
     /// Admitted per clock-aligned period.
     periods: Option<RulePeriods>,
+    /// Key → (refunded hits not yet taken off its demand, demand reports
+    /// since): a refund of an estimate an earlier report carried comes off
+    /// the key's next reports. At most [`MAX_OWED_KEYS`] over every rule.
+    owed: Map<String, (u64, u8)>,
 }
 
 impl RuleAccount {
@@ -225,6 +264,10 @@ pub struct PodAccount {
     /// its count would be taken for the region's while missing those —
     /// an in-window grant could then put the window over L.
     started_ms: Option<Millis>,
+    /// Keys with refunds owed, over every rule: at most [`MAX_OWED_KEYS`].
+    owed_keys: usize,
+    /// Net open reservations per key, for the reports (`reserved.rs`).
+    open: OpenReservations,
     /// Top-up requests waiting for the next report.
     top_ups: Vec<TopUp>,
     /// Each (rule, key)'s last top-up request, so a key asks at most every
@@ -246,6 +289,8 @@ impl PodAccount {
             started_ms: None,
             top_ups: Vec::new(),
             last_top_up: Map::default(),
+            owed_keys: 0,
+            open: OpenReservations::default(),
         }
     }
 
@@ -295,7 +340,8 @@ impl PodAccount {
             ResetTells::NextWindowEnd | ResetTells::Nothing => None,
         };
         let start = window_end_us.map_or(now_start, |us| decided_window(now, us, period));
-        count_admitted(rule, &mut self.period_keys, d, period, start);
+        let admitted = if d.allowed { d.cost } else { 0 };
+        count_admitted(rule, &mut self.period_keys, d.key, admitted, period, start);
         if d.allowed && d.window_use && d.counted {
             count_window(rule, start, used);
         }
@@ -307,6 +353,75 @@ impl PodAccount {
             }
         }
         TopUp::wanted(used, d.limit) && self.ask_top_up(d, asked, now)
+    }
+
+    /// Counts a settled reservation at `now`: its refund comes off the
+    /// demand and the admitted count of the period the estimate was counted
+    /// in, its excess is added to both (the current period), so the leader
+    /// sees settled cost, not estimates.
+    ///
+    /// A report carries no negative demand, so a refund of an estimate an
+    /// earlier report carried comes off the key's demand counted since, and
+    /// what that cannot hold is owed: taken off the key's next reports, for
+    /// up to [`OWED_REPORTS`] of them (a key whose traffic stopped keeps
+    /// its last reports slightly high; its demand decays anyway). The
+    /// admitted counts are cumulative per period, so there the refund is
+    /// exact while the period is held.
+    pub fn settled(&mut self, s: &Settlement<'_>, now: Millis) {
+        if s.refunded == 0 && s.charged == 0 {
+            return;
+        }
+        self.since.get_or_insert(now);
+        self.started_ms.get_or_insert(now);
+        if !self.rules.contains_key(s.rule) {
+            self.rules.insert(s.rule.to_owned(), RuleAccount::default());
+        }
+        let Some(rule) = self.rules.get_mut(s.rule) else {
+            return;
+        };
+        let hits = if rule.keys.contains_key(s.key) {
+            rule.keys.get_mut(s.key)
+        } else if s.charged > 0 && self.tracked < MAX_TRACKED_KEYS {
+            self.tracked += 1;
+            Some(rule.keys.entry(s.key.to_string()).or_default())
+        } else {
+            None
+        };
+        let hits = hits.unwrap_or(&mut rule.rest);
+        // allowed ≤ asked: what comes off both leaves them in order.
+        let taken = s.refunded.min(hits.1 + s.charged);
+        hits.0 = hits.0 + s.charged - taken;
+        hits.1 = hits.1 + s.charged - taken;
+        let left = s.refunded - taken;
+        if left > 0 {
+            if let Some(owed) = rule.owed.get_mut(s.key) {
+                owed.0 += left;
+            } else if self.owed_keys < MAX_OWED_KEYS {
+                rule.owed.insert(s.key.to_string(), (left, 0));
+                self.owed_keys += 1;
+            }
+        }
+        let period = (s.period_ms as Millis).max(1);
+        let charged_at = now - s.charged_age_ms.min(now.max(0) as u64) as Millis;
+        uncount_admitted(
+            rule,
+            s.key,
+            s.refunded,
+            charged_at.div_euclid(period) * period,
+        );
+        if s.charged > 0 {
+            let start = now.div_euclid(period) * period;
+            count_admitted(rule, &mut self.period_keys, s.key, s.charged, period, start);
+            if let Some(used) = s.used {
+                count_window(rule, start, used);
+            }
+        }
+    }
+
+    /// Adds `delta` to the reservations open on `key` of `rule` until
+    /// `expires_ms`: an estimate opened here, or (negative) one settled here.
+    pub fn open_reservation(&mut self, rule: &str, key: &str, delta: i64, expires_ms: Millis) {
+        self.open.add(rule, key, delta, expires_ms);
     }
 
     /// Queues a top-up for the decision's key unless it asked within
@@ -365,6 +480,7 @@ impl PodAccount {
             top_ups: std::mem::take(&mut self.top_ups),
             used: self.window_use(&holding.counted, now),
             admitted: self.admitted(now),
+            reserved: self.open.report(now),
             ..PodReport::default()
         };
         if !with_demand {
@@ -376,12 +492,16 @@ impl PodAccount {
             .map_or(0, |t| (now - t).max(1) as u64);
         self.tracked = 0;
         for (id, rule) in &mut self.rules {
+            if !rule.owed.is_empty() {
+                pay_owed(rule, &mut self.owed_keys);
+            }
             if !rule.has_demand() {
                 continue;
             }
             let keys = rule
                 .keys
                 .drain()
+                .filter(|(_, (asked, _))| *asked > 0)
                 .map(|(key, (asked, allowed))| KeyDemand {
                     key,
                     asked,
@@ -525,14 +645,15 @@ fn count_demand(rule: &mut RuleAccount, tracked: &mut usize, d: &Decided<'_>) ->
     *hits
 }
 
-/// Adds a decision to the period starting at `start`: a newer period
-/// pushes the current one to `ended` (and the one before out); a decision
-/// of a period older than both is not counted (its reports have gone).
-/// `period_keys` counts keys over every rule and period.
+/// Adds `admitted` hits of `key` to the period starting at `start`: a newer
+/// period pushes the current one to `ended` (and the one before out); a
+/// decision of a period older than both is not counted (its reports have
+/// gone). `period_keys` counts keys over every rule and period.
 fn count_admitted(
     rule: &mut RuleAccount,
     period_keys: &mut usize,
-    d: &Decided<'_>,
+    key: &str,
+    admitted: u64,
     period: Millis,
     start: Millis,
 ) {
@@ -556,15 +677,53 @@ fn count_admitted(
             _ => return,
         }
     };
-    if !d.allowed {
+    if admitted == 0 {
         return;
     }
-    count.total += d.cost;
-    if let Some(n) = count.keys.get_mut(d.key) {
-        *n += d.cost;
+    count.total += admitted;
+    if let Some(n) = count.keys.get_mut(key) {
+        *n += admitted;
     } else if *period_keys < MAX_PERIOD_KEYS {
-        count.keys.insert(d.key.to_string(), d.cost);
+        count.keys.insert(key.to_string(), admitted);
         *period_keys += 1;
+    }
+}
+
+/// Takes the refunds owed off the demand counted since the last report, key
+/// by key; a refund still owed after [`OWED_REPORTS`] reports is dropped.
+fn pay_owed(rule: &mut RuleAccount, owed_keys: &mut usize) {
+    let before = rule.owed.len();
+    let keys = &mut rule.keys;
+    rule.owed.retain(|key, (owed, reports)| {
+        if let Some(hits) = keys.get_mut(key) {
+            let taken = (*owed).min(hits.1);
+            hits.0 -= taken;
+            hits.1 -= taken;
+            *owed -= taken;
+        }
+        *reports += 1;
+        *owed > 0 && *reports < OWED_REPORTS
+    });
+    *owed_keys -= before - rule.owed.len();
+}
+
+/// Takes `refunded` hits of `key` off the period starting at `start`, if it
+/// is still held (a refund of an older period changes nothing reported).
+fn uncount_admitted(rule: &mut RuleAccount, key: &str, refunded: u64, start: Millis) {
+    let Some(periods) = rule.periods.as_mut() else {
+        return;
+    };
+    let count = if periods.current.start_ms == start {
+        &mut periods.current
+    } else {
+        match periods.ended.as_mut() {
+            Some(ended) if ended.start_ms == start => ended,
+            _ => return,
+        }
+    };
+    count.total = count.total.saturating_sub(refunded);
+    if let Some(n) = count.keys.get_mut(key) {
+        *n = n.saturating_sub(refunded);
     }
 }
 

@@ -6,6 +6,7 @@
 
 use super::demand::KeyDemand;
 use super::ledger::PeriodAdmitted;
+use super::reserved::KeyReserved;
 use super::{Epoch, Millis, TOP_UP_AT, WindowUse};
 
 /// One pod's report: demand since its last report, the epoch it holds (its
@@ -31,6 +32,10 @@ pub struct PodReport {
     /// (the ledger's input): cumulative counts, so a repeated report
     /// replaces instead of adding.
     pub admitted: Vec<PeriodAdmitted>,
+    /// The pod's net open reservations per key of each global rule
+    /// (`reserved.rs`): every key it holds any of, so a report replaces
+    /// the last.
+    pub reserved: Vec<KeyReserved>,
 }
 
 /// Demand for one global rule in a report: the top keys and the rest.

@@ -324,3 +324,114 @@ fn a_late_sliding_window_answer_counts_in_the_period_that_decided_it() {
         ]
     );
 }
+
+/// A reservation of `estimate` on `key` admitted at `now`, as a check of
+/// that cost.
+fn reserved(key: &str, estimate: u64, now: Millis) -> Decided<'_> {
+    Decided {
+        cost: estimate,
+        limit: 10_000,
+        remaining: 10_000 - estimate,
+        ..hit(key, true, 0, now)
+    }
+}
+
+fn settlement(key: &str, refunded: u64, charged: u64, age_ms: u64) -> Settlement<'_> {
+    Settlement {
+        rule: RULE,
+        key,
+        period_ms: MINUTE,
+        refunded,
+        charged,
+        charged_age_ms: age_ms,
+        used: None,
+    }
+}
+
+#[test]
+fn a_settled_reservation_reports_its_settled_cost_not_its_estimate() {
+    let mut account = PodAccount::new("r", "pod");
+    // Two reservations of 100: one commits at 40 (60 back), the other at
+    // 130 (30 excess charged).
+    account.record(&reserved("42", 100, T0 + 1_000), T0 + 1_000);
+    account.record(&reserved("42", 100, T0 + 2_000), T0 + 2_000);
+    account.settled(&settlement("42", 60, 0, 3_000), T0 + 4_000);
+    account.settled(&settlement("42", 0, 30, 3_000), T0 + 5_000);
+    let report = account.report(&holding(10_000), true, T0 + 6_000);
+    let key = &report.rules[0].keys[0];
+    assert_eq!((key.asked, key.allowed), (170, 170), "200 − 60 + 30");
+    assert_eq!(
+        admitted(&report),
+        vec![(0, None, 170), (0, Some("42"), 170)]
+    );
+}
+
+#[test]
+fn a_refund_leaves_the_period_its_estimate_was_counted_in() {
+    let mut account = PodAccount::new("r", "pod");
+    account.record(&reserved("42", 100, T0 + 50_000), T0 + 50_000);
+    account.record(&reserved("42", 100, T0 + 70_000), T0 + 70_000);
+    // Settled in the next minute, 20 s after admission: the refund comes
+    // off the first minute; the excess of the second goes to the current.
+    account.settled(&settlement("42", 80, 0, 20_000), T0 + 70_000);
+    account.settled(&settlement("42", 0, 5, 1_000), T0 + 71_000);
+    let report = account.report(&holding(10_000), true, T0 + 72_000);
+    let minute = MINUTE as Millis;
+    assert_eq!(
+        admitted(&report),
+        vec![
+            (0, None, 20),
+            (0, Some("42"), 20),
+            (minute, None, 105),
+            (minute, Some("42"), 105)
+        ]
+    );
+    let key = &report.rules[0].keys[0];
+    assert_eq!(key.asked, 125, "200 − 80 + 5");
+}
+
+#[test]
+fn a_refund_larger_than_the_demand_since_the_last_report_comes_off_the_next_ones() {
+    let mut account = PodAccount::new("r", "pod");
+    account.record(&reserved("42", 100, T0 + 1_000), T0 + 1_000);
+    let first = account.report(&holding(10_000), true, T0 + 2_000);
+    assert_eq!(first.rules[0].keys[0].asked, 100);
+    account.record(&reserved("42", 10, T0 + 3_000), T0 + 3_000);
+    account.settled(&settlement("42", 90, 0, 2_000), T0 + 3_000);
+    // A refund of a key another pod reserved has no demand to come off
+    // here; it comes off this pod's total of the period, so the region's
+    // sum over its pods stays right (each total stops at 0, erring high).
+    account.settled(&settlement("7", 10, 0, 2_000), T0 + 3_000);
+    let report = account.report(&holding(10_000), true, T0 + 4_000);
+    let rd = &report.rules[0];
+    assert!(rd.keys.is_empty(), "10 − 90: nothing, 80 owed: {rd:?}");
+    assert_eq!(rd.remainder_asked, 0);
+    // The admitted counts of the minute are exact: 110 − 90 − 10, and
+    // 110 − 90 for the key.
+    assert_eq!(admitted(&report), vec![(0, None, 10), (0, Some("42"), 20)]);
+    // The 80 owed come off the key's next demand: 50 + 50 − 80.
+    account.record(&reserved("42", 50, T0 + 5_000), T0 + 5_000);
+    let next = account.report(&holding(10_000), true, T0 + 6_000);
+    assert!(next.rules[0].keys.is_empty(), "50 − 80: 30 still owed");
+    account.record(&reserved("42", 50, T0 + 7_000), T0 + 7_000);
+    let last = account.report(&holding(10_000), true, T0 + 8_000);
+    assert_eq!(last.rules[0].keys[0].asked, 20);
+    assert_eq!(account.rules[RULE].owed.get("42"), None, "paid off");
+    assert_eq!(account.owed_keys, 1, "key 7's 10 wait for its demand");
+}
+
+#[test]
+fn refunds_owed_stay_bounded_under_a_flood_of_keys_and_expire() {
+    let mut account = PodAccount::new("r", "pod");
+    for i in 0..MAX_OWED_KEYS + 100 {
+        account.settled(&settlement(&format!("k{i}"), 10, 0, 1_000), T0 + 1_000);
+    }
+    assert_eq!(account.owed_keys, MAX_OWED_KEYS);
+    assert_eq!(account.rules[RULE].owed.len(), MAX_OWED_KEYS);
+    for n in 0..OWED_REPORTS as i64 {
+        account.record(&hit("other", true, 5, T0 + 2_000 + n), T0 + 2_000 + n);
+        account.report(&holding(10), true, T0 + 3_000 + n);
+    }
+    assert_eq!(account.owed_keys, 0, "dropped after {OWED_REPORTS} reports");
+    assert!(account.rules[RULE].owed.is_empty());
+}

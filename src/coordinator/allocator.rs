@@ -500,6 +500,19 @@ impl Allocator {
         Some(f(ledger, now))
     }
 
+    /// [`Allocator::with_ledger`], with the open reservations the pods
+    /// reported beside it (`ctl usage`'s reserved vs settled).
+    pub fn with_usage<R>(
+        &self,
+        f: impl FnOnce(&Ledger, &crate::allocation::reserved::ReservedBook, Millis) -> R,
+    ) -> Option<R> {
+        let now = now_unix_ms();
+        let applied = self.node.applied.borrow().clone();
+        let mut guard = self.leading(&applied, now)?;
+        guard.leader.ledger_mut().advance(now);
+        Some(f(guard.leader.ledger(), guard.leader.reserved(), now))
+    }
+
     /// Runs the round the leader says is due, if any, and commits its epoch.
     async fn round(&self) -> Result<(), String> {
         let applied: Arc<Applied> = self.node.applied.borrow().clone();

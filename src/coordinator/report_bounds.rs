@@ -9,6 +9,7 @@ use tonic::Status;
 use crate::allocation::demand::{KeyDemand, REPORT_TOP_KEYS};
 use crate::allocation::leader::{PodReport, RuleDemand, RuleUse, TopUp};
 use crate::allocation::ledger::PeriodAdmitted;
+use crate::allocation::reserved::{KeyReserved, REPORT_RESERVED_KEYS};
 use crate::allocation::{WindowUse, valid_region_name};
 use crate::proto::meridian::v1 as pb;
 use crate::store::key::MAX_KEY_LEN;
@@ -88,6 +89,7 @@ pub fn accept(report: &pb::DemandReport) -> Result<PodReport, Status> {
         ("top_ups", report.top_ups.len()),
         ("admitted", report.admitted.len()),
         ("resets_applied", report.resets_applied.len()),
+        ("reserved", report.reserved.len()),
     ] {
         let max = match field {
             "top_ups" => MAX_REPORT_TOP_UPS,
@@ -97,6 +99,7 @@ pub fn accept(report: &pb::DemandReport) -> Result<PodReport, Status> {
             "used" => 2 * MAX_REPORT_RULES,
             // Every order a region can have pending.
             "resets_applied" => crate::coordinator::resets::MAX_RESETS,
+            "reserved" => REPORT_RESERVED_KEYS,
             _ => MAX_REPORT_RULES,
         };
         if n > max {
@@ -177,7 +180,22 @@ pub fn accept(report: &pb::DemandReport) -> Result<PodReport, Status> {
             admitted: hits("admitted.admitted", a.admitted)?,
         });
     }
+    let mut reserved = Vec::with_capacity(report.reserved.len());
+    for r in &report.reserved {
+        if r.outstanding.unsigned_abs() > MAX_HITS {
+            return Err(refuse(
+                "reserved.outstanding",
+                format!("{} is beyond ±{MAX_HITS}", r.outstanding),
+            ));
+        }
+        reserved.push(KeyReserved {
+            rule: name("reserved.rule", &r.rule, MAX_KEY_LEN)?,
+            key: name("reserved.key", &r.key, MAX_KEY_LEN)?,
+            outstanding: r.outstanding,
+        });
+    }
     Ok(PodReport {
+        reserved,
         region: report.region.clone(),
         pod,
         epoch: report.epoch,
@@ -234,6 +252,27 @@ mod tests {
         let got = accept(&report()).expect("accepted");
         assert_eq!(got.rules[0].keys[0].allowed, 10);
         assert_eq!((got.region.as_str(), got.pod.as_str()), ("mumbai", "m-0"));
+    }
+
+    #[test]
+    fn open_reservations_are_bounded_in_count_size_and_value() {
+        let key = |key: &str, outstanding| pb::KeyReserved {
+            rule: "api|customer".into(),
+            key: key.into(),
+            outstanding,
+        };
+        let mut r = report();
+        r.reserved = vec![key("42", -300)];
+        let got = accept(&r).expect("a negative net is a pod's to report");
+        assert_eq!(got.reserved[0].outstanding, -300);
+        r.reserved = (0..=REPORT_RESERVED_KEYS)
+            .map(|i| key(&i.to_string(), 1))
+            .collect();
+        assert!(refused(&r).contains("report reserved: 1001 entries"));
+        r.reserved = vec![key(&"k".repeat(MAX_KEY_LEN + 1), 1)];
+        assert!(refused(&r).contains("reserved.key"));
+        r.reserved = vec![key("42", i64::MIN)];
+        assert!(refused(&r).contains("reserved.outstanding"));
     }
 
     #[test]

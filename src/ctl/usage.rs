@@ -129,6 +129,8 @@ pub fn usage_table(body: &Value) -> String {
                 "(each region)".into(),
                 "-".into(),
                 "-".into(),
+                "-".into(),
+                "-".into(),
                 render::cell(&l["limit"]),
                 o,
                 "-".into(),
@@ -153,6 +155,8 @@ pub fn usage_table(body: &Value) -> String {
                 id.clone(),
                 render::cell(&r["region"]),
                 used,
+                render::cell(&r["reserved"]),
+                render::cell(&r["settled"]),
                 render::cell(&r["allocation"]),
                 key_limit.clone(),
                 o.clone(),
@@ -168,6 +172,8 @@ pub fn usage_table(body: &Value) -> String {
             id.clone(),
             "world".into(),
             used,
+            render::cell(&w["reserved"]),
+            render::cell(&w["settled"]),
             render::cell(&w["allocation"]),
             key_limit,
             o,
@@ -221,6 +227,8 @@ pub fn usage_table(body: &Value) -> String {
             "RULE",
             "REGION",
             "USED",
+            "RESERVED",
+            "SETTLED",
             "ALLOCATION",
             "LIMIT",
             "OVERRIDE",
@@ -228,6 +236,16 @@ pub fn usage_table(body: &Value) -> String {
         ],
         &rows,
     ));
+    if limits
+        .iter()
+        .any(|l| l["world"]["reserved"].as_u64() > Some(0))
+    {
+        notes.push(
+            "RESERVED: estimates of reservations open now (counted in USED at their estimate); \
+             SETTLED: USED less them"
+                .into(),
+        );
+    }
     for n in notes {
         out.push_str(&n);
         out.push('\n');
@@ -293,11 +311,11 @@ mod tests {
                   "override": { "limit": 5000, "expired": false, "expires_at_unix_ms": null },
                   "status": "tracked", "period": { "start_unix_ms": 0 },
                   "regions": [
-                    { "region": "east", "used": 2000, "allocation": 3500, "age_ms": 800, "figure": "counted" },
+                    { "region": "east", "used": 2000, "reserved": 300, "settled": 1700, "allocation": 3500, "age_ms": 800, "figure": "counted" },
                     { "region": "west", "used": null, "allocation": 1500, "age_ms": 1200, "figure": "not_tracked" },
                     { "region": "north", "used": null, "allocation": null, "age_ms": null, "figure": "no_reports" }
                   ],
-                  "world": { "used": 3000, "ratio": 0.6, "allocation": 5000 },
+                  "world": { "used": 3000, "reserved": 300, "settled": 2700, "ratio": 0.6, "allocation": 5000 },
                   "previous_period": null },
                 { "limit_id": "api|ip", "scope": "region", "limit": 10, "key_limit": 10, "override": null,
                   "note": "no figure here" }
@@ -314,7 +332,7 @@ mod tests {
             "{text}"
         );
         let east = lines.iter().find(|l| l.contains("east")).expect("east row");
-        for cell in ["2000", "3500", "5000", "0.8s"] {
+        for cell in ["2000", "300", "1700", "3500", "5000", "0.8s"] {
             assert!(east.contains(cell), "{cell} in {east}");
         }
         let west = lines.iter().find(|l| l.contains("west")).expect("west row");
@@ -324,6 +342,8 @@ mod tests {
             .find(|l| l.contains("world"))
             .expect("world row");
         assert!(world.contains("3000 (60.0 %)"), "{world}");
+        assert!(world.contains("2700"), "settled world-wide: {world}");
+        assert!(text.contains("RESERVED: estimates"), "{text}");
         let local = lines
             .iter()
             .find(|l| l.contains("(each region)"))

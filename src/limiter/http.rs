@@ -76,6 +76,13 @@ pub struct HttpState {
     pub response_headers: bool,
 }
 
+/// The reservation handlers (`http_reserve`) need only the service.
+impl axum::extract::FromRef<HttpState> for Arc<Service> {
+    fn from_ref(state: &HttpState) -> Arc<Service> {
+        state.limiter.clone()
+    }
+}
+
 pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/v1/check", post(check))

@@ -4,6 +4,8 @@
 //! `1e400`, `"7"` and values past u64 are each refused naming the field
 //! (a plain u64 field would fail inside the JSON parser, naming a column).
 
+use std::sync::Arc;
+
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -13,8 +15,7 @@ use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::grpc::reservations;
-use super::http::HttpState;
-use super::service::MAX_ENTRIES;
+use super::service::{MAX_ENTRIES, Service};
 use crate::proto::meridian::v1 as native;
 use crate::store::reservation::ReservationError;
 
@@ -48,7 +49,7 @@ struct JsonSettle {
 
 /// `{"domain", "rule"+"key" | "descriptor", "estimate", "ttl_ms"}` → 200
 /// admitted, 429 not (with Retry-After), 400 naming the field.
-pub(super) async fn reserve(State(state): State<HttpState>, body: Bytes) -> Response {
+pub(super) async fn reserve(State(limiter): State<Arc<Service>>, body: Bytes) -> Response {
     let parsed: JsonReserve = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
@@ -88,7 +89,7 @@ pub(super) async fn reserve(State(state): State<HttpState>, body: Bytes) -> Resp
         estimate,
         ttl_ms,
     });
-    match state.limiter.reserve(&request).await {
+    match limiter.reserve(&request).await {
         Ok(answer) => {
             let wire = reservations::reserved(&answer);
             let mut headers = HeaderMap::new();
@@ -122,7 +123,7 @@ pub(super) async fn reserve(State(state): State<HttpState>, body: Bytes) -> Resp
 }
 
 /// `{"id", "actual"}` → 200 with what was refunded or charged.
-pub(super) async fn commit(State(state): State<HttpState>, body: Bytes) -> Response {
+pub(super) async fn commit(State(limiter): State<Arc<Service>>, body: Bytes) -> Response {
     let parsed: JsonSettle = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
@@ -146,11 +147,11 @@ pub(super) async fn commit(State(state): State<HttpState>, body: Bytes) -> Respo
             Err(r) => return r,
         },
     };
-    settled(state.limiter.commit(&parsed.id, actual).await)
+    settled(limiter.commit(&parsed.id, actual).await)
 }
 
 /// `{"id"}` → 200 with the whole estimate refunded.
-pub(super) async fn release(State(state): State<HttpState>, body: Bytes) -> Response {
+pub(super) async fn release(State(limiter): State<Arc<Service>>, body: Bytes) -> Response {
     let parsed: JsonSettle = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
@@ -168,7 +169,7 @@ pub(super) async fn release(State(state): State<HttpState>, body: Bytes) -> Resp
             "invalid actual: a release takes none (commit with an actual instead)".to_owned(),
         );
     }
-    settled(state.limiter.release(&parsed.id).await)
+    settled(limiter.release(&parsed.id).await)
 }
 
 fn settled(result: Result<crate::limiter::reserve::SettleAnswer, ReservationError>) -> Response {

@@ -9,8 +9,10 @@
 //! Exact path only: an `accuracy: approximate` rule refuses reservations
 //! (its counts live in each pod until a flush, where no record could sit
 //! beside them). `scope: global` rules reserve against this region's
-//! allocation, as a check would; [`Service::outstanding`] tells what the
-//! region holds open, for the cross-region accounting.
+//! allocation, as a check would; a reservation is demand at its estimate
+//! when admitted and its settlement corrects it, and the pod reports what
+//! it holds open per key (`Global::settled`, `Global::open_reservation`;
+//! docs/cost-quotas.md, "Across regions").
 
 use std::time::Duration;
 
@@ -171,6 +173,8 @@ impl Service {
             // holds nothing of: denied, as a check would be.
             counter!("meridian_reservations_total", "rule" => rule.id.clone(), "outcome" => "denied").increment(1);
             let verdict = self.engine.unallocated(&rule);
+            let denied = std::slice::from_ref(&verdict.decision);
+            self.count_reserved(&rule, &counter_key, request.estimate, denied);
             return Ok(ReserveAnswer {
                 matched: true,
                 admitted: false,
@@ -185,10 +189,20 @@ impl Service {
             key: &counter_key,
             nonce: &nonce,
         };
+        #[cfg(feature = "server")]
+        let _in_flight = self.global.flight(&rule);
         let reserved = self
             .engine
             .reserve(hold, request.estimate, request.ttl.as_micros() as u64)
             .await?;
+        self.count_reserved(&rule, &counter_key, request.estimate, &reserved.decisions);
+        #[cfg(feature = "server")]
+        if reserved.admitted {
+            let ttl_ms = request.ttl.as_millis() as u64;
+            let estimate = request.estimate as i64;
+            self.global
+                .open_reservation(&rule, &counter_key, estimate, ttl_ms);
+        }
         let outcome = if reserved.admitted {
             "opened"
         } else {
@@ -237,7 +251,9 @@ impl Service {
 
     /// The estimates of the open reservations this region holds on
     /// `counter_key` under the rule with id `rule_id`, summed (0 for no
-    /// such rule): the hook for the demand report of global rules.
+    /// such rule), read from the store (`Limiter::outstanding`). The
+    /// demand reports keep their own count instead (`allocation::reserved`):
+    /// a store read per key and report would cost a Redis call each.
     pub async fn outstanding(
         &self,
         rule_id: &str,
@@ -280,6 +296,21 @@ impl Service {
             nonce: &id.nonce,
         };
         let result = self.engine.settle(hold, how, &overdrafts).await;
+        #[cfg(feature = "server")]
+        if let Ok(settled) = &result
+            && !settled.replayed
+        {
+            let left_ms = settled.expires_in_us / 1_000;
+            let estimate = settled.estimate as i64;
+            self.global
+                .open_reservation(&rule, &id.key, -estimate, left_ms);
+            let window_use = self.overrides.params(&rule, &id.key).is_none();
+            for (index, limit) in settled.limits.iter().enumerate() {
+                let age = settled.charged_age_us;
+                self.global
+                    .settled(&rule, index, &id.key, limit, age, window_use);
+            }
+        }
         let outcome = match (&result, how) {
             (Ok(s), _) if s.replayed => "replayed",
             (Ok(_), Settle::Commit(_)) => "committed",
@@ -321,12 +352,8 @@ impl Service {
             ));
         }
         let overridden = self.overrides.params(rule, key);
-        let params: Vec<Params> = match overridden {
-            Some(p) => vec![p],
-            None => match self.global_limits(rule, key)? {
-                Some(p) => p,
-                None => return Ok(None),
-            },
+        let Some(params) = self.global_limits(rule, key, overridden)? else {
+            return Ok(None);
         };
         if let Some(p) = params.iter().find(|p| !settle::reservable(p.algorithm())) {
             return Err(InvalidInput::new(
@@ -351,11 +378,25 @@ impl Service {
     }
 
     /// The rule's limits as this region enforces them: its allocation of
-    /// each for a coordinated global rule (`None`: nothing allocated).
-    fn global_limits(&self, rule: &Rule, key: &str) -> Result<Option<Vec<Params>>, InvalidInput> {
+    /// each for a coordinated global rule (`None`: nothing allocated). A
+    /// key's override (`overridden`) is its limit world-wide on a global
+    /// rule, of which this region holds its share, as a check does.
+    fn global_limits(
+        &self,
+        rule: &Rule,
+        key: &str,
+        overridden: Option<Params>,
+    ) -> Result<Option<Vec<Params>>, InvalidInput> {
         #[cfg(feature = "server")]
         {
-            use super::global::GlobalLimits;
+            use super::global::{GlobalLimit, GlobalLimits};
+            if let Some(p) = overridden {
+                return Ok(match self.global.limit(rule, key, Some(&p))? {
+                    GlobalLimit::Rule => Some(vec![p]),
+                    GlobalLimit::Allocated(share) => Some(vec![share]),
+                    GlobalLimit::Nothing => None,
+                });
+            }
             match self.global.limits(rule, key)? {
                 GlobalLimits::Rule => {}
                 GlobalLimits::Allocated(limits) => return Ok(Some(limits)),
@@ -363,8 +404,48 @@ impl Service {
             }
         }
         #[cfg(not(feature = "server"))]
-        let _ = key;
+        {
+            let _ = key;
+            if let Some(p) = overridden {
+                return Ok(Some(vec![p]));
+            }
+        }
         Ok(Some(rule.limits().cloned().collect()))
+    }
+
+    /// Counts a reservation of a global rule as the demand report counts a
+    /// check of cost `estimate` (each limit under its own id, with its own
+    /// decision's window use); its settlement corrects it later
+    /// ([`super::global::Global::settled`]). `decisions` has one per limit,
+    /// or one denial standing for all.
+    fn count_reserved(&self, rule: &Rule, key: &str, estimate: u64, decisions: &[Decision]) {
+        #[cfg(feature = "server")]
+        {
+            use super::global::Counted;
+            let admitted =
+                decisions.len() == rule.also.len() + 1 && decisions.iter().all(|d| d.allowed);
+            let overridden = self.overrides.params(rule, key).is_some();
+            for index in 0..=rule.also.len() {
+                let Some(d) = decisions.get(index).or(decisions.first()) else {
+                    return;
+                };
+                self.global.record_limit(
+                    rule,
+                    index,
+                    key,
+                    Counted {
+                        cost: estimate,
+                        allowed: admitted,
+                        limit: d.limit,
+                        remaining: d.remaining,
+                        reset_after_us: d.reset_after_us,
+                        window_use: !overridden && decisions.len() > index,
+                    },
+                );
+            }
+        }
+        #[cfg(not(feature = "server"))]
+        let _ = (rule, key, estimate, decisions);
     }
 }
 

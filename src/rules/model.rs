@@ -361,9 +361,7 @@ impl Rule {
     /// [`Rule::max_overdraft`]): the rule's `max_overdraft`, else the
     /// limit's capacity, clipped to what the stores count exactly.
     pub fn overdraft(&self, params: &Params) -> u64 {
-        self.max_overdraft
-            .unwrap_or_else(|| params.capacity())
-            .min(crate::algorithm::settle::max_exact_overdraft(params))
+        crate::algorithm::settle::overdraft(self.max_overdraft, params)
     }
 
     /// Whether checks of this rule are also counted per descriptor value.

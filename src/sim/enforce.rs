@@ -58,6 +58,15 @@ impl Counters {
     }
 }
 
+impl Counters {
+    /// `key`'s state (fresh if never checked), for a decision of one call
+    /// or a settlement (`sim::cost`).
+    pub fn state(&mut self, key: u32) -> &mut KeyState {
+        let algorithm = self.algorithm;
+        self.keys[key as usize].get_or_insert_with(|| KeyState::fresh(algorithm))
+    }
+}
+
 /// Parameters per allocation value, built once each.
 pub struct ParamsCache {
     rule: RuleSpec,

@@ -17,6 +17,7 @@
 //! - `cli`: the subcommand.
 
 pub(crate) mod cli;
+pub mod cost;
 pub(crate) mod enforce;
 pub mod output;
 pub mod scenario;
@@ -97,6 +98,9 @@ pub struct Summary {
 pub struct StrategyRun {
     /// The strategy simulated.
     pub strategy: Strategy,
+    /// Cost scenarios: how calls were charged (over `meridian`'s
+    /// allocations); `None` for the ideal counter and hit scenarios.
+    pub charging: Option<cost::Charging>,
     /// One row per clock-aligned window of the rule's period, in time order.
     pub windows: Vec<WindowRow>,
     /// Totals over every window.
@@ -118,7 +122,7 @@ impl Summary {
         (den > 0).then(|| num as f64 * 100.0 / den as f64)
     }
 
-    pub(crate) fn max_overshoot_pct(&self, limit: u64) -> f64 {
+    pub fn max_overshoot_pct(&self, limit: u64) -> f64 {
         self.max_key_admitted as f64 * 100.0 / limit as f64
     }
 
@@ -133,7 +137,7 @@ impl Summary {
         Self::pct(u128::from(self.over), u128::from(self.contended))
     }
 
-    pub(crate) fn false_rejections_pct(&self) -> Option<f64> {
+    pub fn false_rejections_pct(&self) -> Option<f64> {
         Self::pct(self.false_rejected, self.ideal_admitted)
     }
 
@@ -154,6 +158,19 @@ impl Summary {
 }
 
 impl StrategyRun {
+    /// The name reports and plots give the run.
+    pub fn name(&self) -> &'static str {
+        self.charging
+            .map_or(self.strategy.name(), cost::Charging::name)
+    }
+
+    /// The run's place in the plots' palette: a hit scenario's strategies,
+    /// or the ideal and then each way of charging.
+    pub(crate) fn color_index(&self) -> usize {
+        self.charging
+            .map_or(self.strategy as usize, |c| 1 + c as usize)
+    }
+
     /// Per demand shift: how long until the strategy keeps up with the ideal
     /// counter (`None`: it never does before the run ends).
     pub fn catch_up_ms(&self, shifts: &[i64]) -> Vec<Option<i64>> {
@@ -180,16 +197,37 @@ pub fn simulate(scenario: Scenario, seed: u64, progress: &mut dyn FnMut(f64)) ->
     let scenario = Rc::new(scenario);
     let s = &scenario;
     let keys: Rc<[String]> = (0..s.traffic.customers).map(|c| format!("c{c}")).collect();
-    let mut worlds: Vec<SimWorld> = Strategy::ALL
+    // A cost scenario compares ways of charging calls over Meridian's
+    // allocations; otherwise, ways of dividing the limit.
+    let plan: Vec<(Strategy, Option<cost::Charging>)> = match s.cost {
+        Some(_) => std::iter::once((Strategy::Ideal, None))
+            .chain(
+                cost::Charging::ALL
+                    .iter()
+                    .map(|&c| (Strategy::Meridian, Some(c))),
+            )
+            .collect(),
+        None => Strategy::ALL.iter().map(|&st| (st, None)).collect(),
+    };
+    let mut worlds: Vec<SimWorld> = plan
         .iter()
-        .map(|&strategy| SimWorld::new(scenario.clone(), strategy, seed, keys.clone()))
+        .map(|&(strategy, charging)| {
+            let world = SimWorld::new(scenario.clone(), strategy, seed, keys.clone());
+            match charging {
+                Some(c) => world.charging(c),
+                None => world,
+            }
+        })
         .collect();
     let mut traffic = traffic::Traffic::new(s, seed);
+    let mut costs = s.cost.as_ref().map(|c| cost::Costs::new(c, seed));
+    let mut calls = cost::Calls::new();
     let mut batches = vec![Vec::new(); s.regions.len()];
-    let mut runs: Vec<StrategyRun> = Strategy::ALL
+    let mut runs: Vec<StrategyRun> = plan
         .iter()
-        .map(|&strategy| StrategyRun {
+        .map(|&(strategy, charging)| StrategyRun {
             strategy,
+            charging,
             windows: Vec::new(),
             summary: Summary::default(),
         })
@@ -204,8 +242,11 @@ pub fn simulate(scenario: Scenario, seed: u64, progress: &mut dyn FnMut(f64)) ->
             window_start = t;
         }
         traffic.step(s, t, &mut batches);
+        if let Some(costs) = costs.as_mut() {
+            costs.draw(&batches, &mut calls);
+        }
         for world in &mut worlds {
-            world.step(t, &batches);
+            world.step(t, &batches, costs.as_ref().map(|_| &calls));
         }
         t += s.step_ms;
         if t % report_every == 0 {
@@ -273,6 +314,15 @@ fn close_window(
         if !s.rule.windowed() {
             row.bound_excess = world.acc.bucket_excess.ceil() as i64;
         }
+        if s.cost.is_some() {
+            // Cost scenarios: the bound is on the tokens charged (settled),
+            // not on the tokens calls consumed (which `admitted` counts).
+            let bound = (limit + world.charge_allowance()) as i64;
+            row.bound_excess = (world.acc.charged.values())
+                .map(|&charged| charged - bound)
+                .max()
+                .unwrap_or(0);
+        }
         if row.bound_excess == i64::MIN {
             row.bound_excess = 0;
         }
@@ -294,5 +344,6 @@ fn close_window(
         acc.rtt_ms = 0;
         acc.checks = 0;
         acc.bucket_excess = 0.0;
+        acc.charged.clear();
     }
 }

@@ -60,7 +60,7 @@ pub fn csv(run: &Run) -> String {
                 out,
                 "{},{},{},{},{},{},{:.2},{},{},{}",
                 w.start_ms / 1000,
-                sr.strategy.name(),
+                sr.name(),
                 w.asked,
                 w.admitted,
                 w.ideal,
@@ -147,7 +147,7 @@ pub fn markdown(run: &Run, images: &str) -> String {
         let _ = writeln!(
             out,
             "| {} | {:.1} % | {} | {} | {} | {} | {} | {} | {} |",
-            sr.strategy.name(),
+            sr.name(),
             m.max_overshoot_pct(limit),
             pct(m.mean_overshoot_pct(limit)),
             pct(m.windows_over_pct()),
@@ -185,8 +185,8 @@ const COLORS: [RGBColor; 6] = [
     RGBColor(140, 86, 75),
 ];
 
-fn strategy_color(s: Strategy) -> RGBColor {
-    COLORS[s as usize % COLORS.len()]
+fn strategy_color(index: usize) -> RGBColor {
+    COLORS[index % COLORS.len()]
 }
 
 struct Line {
@@ -331,8 +331,8 @@ fn plot_demand(run: &Run) -> String {
     ];
     for sr in &run.runs {
         lines.push(Line {
-            label: format!("admitted, {}", sr.strategy.name()),
-            color: strategy_color(sr.strategy),
+            label: format!("admitted, {}", sr.name()),
+            color: strategy_color(sr.color_index()),
             dashed: false,
             points: sr
                 .windows
@@ -353,8 +353,8 @@ fn plot_overshoot(run: &Run) -> String {
     let mut lines = Vec::new();
     for sr in &run.runs {
         lines.push(Line {
-            label: sr.strategy.name().into(),
-            color: strategy_color(sr.strategy),
+            label: sr.name().into(),
+            color: strategy_color(sr.color_index()),
             dashed: false,
             points: sr
                 .windows

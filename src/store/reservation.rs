@@ -113,6 +113,13 @@ pub struct Settled {
     /// Per limit, in order; on a replay, what the first settlement did
     /// (with `remaining` as of now).
     pub limits: Vec<LimitSettled>,
+    /// How long before this settlement (on the store's clock) the estimate
+    /// was charged: places the refund in the period the estimate was
+    /// counted in, for the demand report of global rules.
+    pub charged_age_us: Micros,
+    /// How long until the reservation's ttl ends (0: it has): until then
+    /// it counted as open in the demand reports.
+    pub expires_in_us: Micros,
 }
 
 /// Why a reservation could not be made or settled.
@@ -305,7 +312,8 @@ impl MemoryBook {
         else {
             return Err(ReservationError::Unknown);
         };
-        let (estimate, reserved_at) = (record.estimate, record.reserved_at);
+        let (estimate, reserved_at, expires_at) =
+            (record.estimate, record.reserved_at, record.expires_at);
         if let Some((was, limits)) = &record.settled {
             if *was != how {
                 return Err(ReservationError::AlreadySettled { was: *was });
@@ -320,6 +328,8 @@ impl MemoryBook {
                 settled: was.to_owned(),
                 replayed: true,
                 limits,
+                charged_age_us: now.saturating_sub(reserved_at),
+                expires_in_us: expires_at.saturating_sub(now),
             });
         }
         if record.expires_at <= now {
@@ -362,12 +372,13 @@ impl MemoryBook {
             settled: how,
             replayed: false,
             limits,
+            charged_age_us: now.saturating_sub(reserved_at),
+            expires_in_us: expires_at.saturating_sub(now),
         })
     }
 
     /// The estimates of `limits[0]`'s rule and `key`'s open reservations at
-    /// `now`: what the region holds but has not settled (the demand report's
-    /// hook for global rules).
+    /// `now`: what the region holds but has not settled.
     pub fn outstanding(
         &self,
         rule: &str,

@@ -316,7 +316,50 @@ async fn assert_ledger_drawn(page: &Client, whose: &str) {
 /// (acme, checked by rule name and key) with its use of L; its button
 /// shows the key's use per region and world-wide; a search by domain,
 /// rule name and key shows the same rows.
-async fn assert_usage_shown(page: &Client) {
+/// Opens `n` reservations of 1 on acme in mumbai (retrying while its
+/// windows are full) and waits until the leader's usage shows them.
+async fn open_reservations(world: &World, n: u64) {
+    let client = reqwest::Client::new();
+    let url = world.regions[0].limiter.http_url("/v1/reserve");
+    let body = serde_json::json!({"domain": "api", "rule": "fw", "key": "acme", "estimate": 1, "ttl_ms": 600_000});
+    let (mut opened, started) = (0, Instant::now());
+    while opened < n {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "only {opened} of {n} reservations admitted in 30 s"
+        );
+        let response = client.post(&url).json(&body).send().await.expect("reserve");
+        if response.status().as_u16() == 200 {
+            opened += 1;
+        } else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let leader = world.cluster.wait_leader(Duration::from_secs(20)).await;
+    let started = Instant::now();
+    loop {
+        let usage = world
+            .cluster
+            .get(leader, "/api/v1/usage?domain=api&rule=fw&key=acme")
+            .await;
+        let reserved = usage
+            .as_ref()
+            .and_then(|(_, b)| b["limits"][0]["world"]["reserved"].as_u64());
+        if reserved == Some(n) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the leader never showed {n} reserved: {usage:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The Usage section: acme among the top keys, then its figures per region
+/// and world-wide — with `reserved` open in mumbai, shown as reserved and
+/// the rest of its use as settled.
+async fn assert_usage_shown(page: &Client, reserved: u64) {
     let top = wait_js(
         page,
         &format!(
@@ -356,17 +399,31 @@ async fn assert_usage_shown(page: &Client) {
                 "{region}'s use: {shown}"
             );
             assert!(
-                number(&r[3]).is_some_and(|n| n > 0.0),
+                number(&r[5]).is_some_and(|n| n > 0.0),
                 "{region}'s allocation: {shown}"
             );
-            assert_eq!(number(&r[4]), Some(L as f64), "L for {region}: {shown}");
+            assert_eq!(number(&r[6]), Some(L as f64), "L for {region}: {shown}");
+            // Reserved (open) and settled: the open estimates, and the rest
+            // of the use.
+            let open = if region == "hyderabad" { 0 } else { reserved };
+            assert_eq!(
+                number(&r[3]),
+                Some(open as f64),
+                "{region} reserved: {shown}"
+            );
+            let (used, settled) = (number(&r[2]), number(&r[4]));
+            assert_eq!(
+                settled,
+                used.map(|u| (u - open as f64).max(0.0)),
+                "{region}: settled = used − reserved: {shown}"
+            );
         }
         for region in ["mumbai", "hyderabad"] {
-            let age = shown["rows"][region][7].as_str().unwrap_or_default();
+            let age = shown["rows"][region][9].as_str().unwrap_or_default();
             assert!(age.ends_with(" s"), "{region}'s age: {shown}");
         }
         assert!(
-            shown["rows"]["world"][6]
+            shown["rows"]["world"][8]
                 .as_str()
                 .is_some_and(|u| u.contains('%')),
             "{shown}"
@@ -605,7 +662,8 @@ async fn the_dashboard_draws_live_allocations_rolls_back_and_survives_restarts()
     assert_charts_drawn(&page).await;
     assert_live_pods(&page, "the leader").await;
     assert_ledger_drawn(&page, "the leader").await;
-    assert_usage_shown(&page).await;
+    open_reservations(&world, 3).await;
+    assert_usage_shown(&page, 3).await;
     eprintln!(
         "per-region and world-wide charts and live pods checked in {:?}",
         charted.elapsed()

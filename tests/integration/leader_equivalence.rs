@@ -227,6 +227,7 @@ fn to_pb(r: &PodReport) -> pb::DemandReport {
             })
             .collect(),
         resets_applied: Vec::new(),
+        reserved: Vec::new(),
     }
 }
 

@@ -36,6 +36,7 @@ mod drills;
 mod envoy_fields;
 mod envoy_stream_done;
 mod equivalence;
+mod global_cost;
 mod global_failover;
 mod global_in_window;
 mod global_last_report;

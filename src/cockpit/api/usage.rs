@@ -45,6 +45,7 @@ use super::errors::ApiError;
 use super::read::{Read, relay_get};
 use super::{Api, is_relayed};
 use crate::allocation::ledger::{KeyCounts, KeyFigure, Ledger, RuleLedger};
+use crate::allocation::reserved::ReservedBook;
 use crate::allocation::{Allocations, Millis};
 use crate::overrides::{Override, Overrides};
 use crate::rules::{RuleSet, Scope};
@@ -73,7 +74,10 @@ pub const HOW: &str = "used: the key's hits admitted world-wide in the current c
      enforces for the key (its own entry, else the rule's split; of the override O when one is \
      set: granted × O / L). ratio: world-wide used / the key's limit (the override's, else L). \
      scope: region rules are counted in each region's own Redis: the coordinator holds no figure \
-     of them";
+     of them. reserved: the estimates of the key's reservations open now (reserved, not yet \
+     committed, released or expired), as the region's pods last reported them; used counts them \
+     at their estimate, so settled = used − reserved (an estimate charged in the period before \
+     is in reserved but not in used: settled then reads low)";
 
 // ---- shaping the answers (pure) ---------------------------------------------
 
@@ -86,13 +90,19 @@ pub(super) struct LimitFigures {
     pub current: Option<KeyFigure>,
     /// The key in the period before, while it is open.
     pub previous: Option<KeyFigure>,
+    /// Estimates of the key's reservations open now, per region, as its
+    /// pods last reported them (`allocation::reserved`).
+    pub reserved: BTreeMap<String, u64>,
 }
 
 /// The key's figures of every global limit of its rule in `ledger`.
+/// Open reservations count from pods heard within `fresh_ms`.
 pub(super) fn figures_of(
     ledger: &Ledger,
+    reserved: &ReservedBook,
     t: &Target,
     now: Millis,
+    fresh_ms: i64,
 ) -> BTreeMap<String, LimitFigures> {
     let mut figures = BTreeMap::new();
     for index in 0..=t.rule.also.len() {
@@ -101,11 +111,12 @@ pub(super) fn figures_of(
             let start = rule.period_start(now);
             let previous = start.saturating_sub(rule.terms().period_ms as Millis);
             figures.insert(
-                id.into_owned(),
+                id.to_string(),
                 LimitFigures {
                     current_start: start,
                     current: rule.key_figure(&t.key, start),
                     previous: rule.key_figure(&t.key, previous),
+                    reserved: reserved.regions(id.as_ref(), &t.key, now, fresh_ms),
                 },
             );
         }
@@ -277,6 +288,13 @@ fn global_limit(
         names.extend(f.regions.iter().map(|r| r.region.to_string()));
     }
     let mut world_allocation: Option<u64> = None;
+    let open = |region: &str| {
+        figures
+            .and_then(|f| f.reserved.get(region))
+            .copied()
+            .unwrap_or(0)
+    };
+    let world_reserved: u64 = names.iter().map(|n| open(n)).sum();
     let regions: Vec<Value> = names
         .iter()
         .map(|name| {
@@ -303,9 +321,12 @@ fn global_limit(
                 .and_then(|r| r.admitted)
                 .map(|n| unscale(n, limit, held));
             let heard = here.or(before);
+            let reserved = open(name);
             json!({
                 "region": name,
                 "used": used,
+                "reserved": reserved,
+                "settled": used.map(|u| u.saturating_sub(reserved)),
                 "figure": figure,
                 "pods": here.map(|r| r.pods),
                 "pods_with_key": here.map(|r| r.pods_with_key),
@@ -337,6 +358,8 @@ fn global_limit(
     out["regions"] = json!(regions);
     out["world"] = json!({
         "used": world_used,
+        "reserved": world_reserved,
+        "settled": world_used.map(|u| u.saturating_sub(world_reserved)),
         "key_limit": key_limit,
         "ratio": world_used.map(|u| ratio(u, key_limit)),
         "allocation": world_allocation,
@@ -522,9 +545,13 @@ pub(super) async fn get_usage(
     if let Some(answer) = unless_leader(&api, &uri, &headers).await {
         return answer;
     }
-    let copied = api
-        .allocator
-        .with_ledger(|ledger, now| (figures_of(ledger, &target, now), now));
+    // Three report intervals: a pod that stopped reporting (killed,
+    // scaled down) no longer counts.
+    let fresh_ms = 3 * api.allocator.report_cadence().0 as i64;
+    let copied = api.allocator.with_usage(|ledger, reserved, now| {
+        let figures = figures_of(ledger, reserved, &target, now, fresh_ms);
+        (figures, now)
+    });
     let Some((figures, now)) = copied else {
         return stopped_leading();
     };

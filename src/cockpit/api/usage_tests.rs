@@ -7,6 +7,7 @@
 use super::*;
 use crate::allocation::global_rule::GlobalRule;
 use crate::allocation::ledger::PeriodAdmitted;
+use crate::allocation::reserved::{KeyReserved, ReservedBook};
 use crate::allocation::{KeyAllocation, RuleAllocation, Slot};
 use crate::rules::RuleFile;
 
@@ -149,13 +150,23 @@ fn override_of(key: &str, limit: u64, expires: Option<i64>) -> Override {
 }
 
 fn answer(t: &Target, ledger: &Ledger, overrides: &Overrides, now: Millis) -> Value {
+    answer_reserved(t, ledger, &ReservedBook::default(), overrides, now)
+}
+
+fn answer_reserved(
+    t: &Target,
+    ledger: &Ledger,
+    reserved: &ReservedBook,
+    overrides: &Overrides,
+    now: Millis,
+) -> Value {
     let allocations = allocations();
     let snapshot = Snapshot {
         now,
         regions: vec!["east".into(), "west".into(), "north".into()],
         overrides,
         allocations: &allocations,
-        figures: figures_of(ledger, t, now),
+        figures: figures_of(ledger, reserved, t, now, 3_000),
         report_interval_ms: 1000,
         node_id: 1,
     };
@@ -236,6 +247,54 @@ fn a_tracked_key_shows_each_regions_use_allocation_and_age_and_the_world_against
     assert_eq!(l["world"]["allocation"], 1000);
     assert_eq!(l["world"]["over"], false);
     assert_eq!(a["report_interval_ms"], 1000);
+}
+
+#[test]
+fn open_reservations_show_as_reserved_and_the_rest_of_the_use_as_settled() {
+    let mut reserved = ReservedBook::default();
+    let open = |outstanding| {
+        vec![KeyReserved {
+            rule: "api|customer".into(),
+            key: "customer=42".into(),
+            outstanding,
+        }]
+    };
+    // East's two pods: one opened 250, the other settled 100 of them.
+    reserved.record("east", "e0", &open(250), T0 + 12_000);
+    reserved.record("east", "e1", &open(-100), T0 + 12_000);
+    // A west pod not heard for 3 s no longer counts.
+    reserved.record("west", "w0", &open(80), T0 + 9_000);
+    let now = T0 + 13_000;
+    let a = answer_reserved(
+        &customer("42"),
+        &ledger(),
+        &reserved,
+        &Overrides::default(),
+        now,
+    );
+    let l = &a["limits"][0];
+    let east = region(l, "east");
+    assert_eq!(
+        (
+            east["used"].as_u64(),
+            east["reserved"].as_u64(),
+            east["settled"].as_u64()
+        ),
+        (Some(400), Some(150), Some(250)),
+        "{east}"
+    );
+    let west = region(l, "west");
+    assert_eq!(
+        (west["reserved"].as_u64(), west["settled"].as_u64()),
+        (Some(0), Some(200))
+    );
+    assert_eq!(
+        (
+            l["world"]["reserved"].as_u64(),
+            l["world"]["settled"].as_u64()
+        ),
+        (Some(150), Some(450))
+    );
 }
 
 #[test]

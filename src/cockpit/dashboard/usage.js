@@ -90,17 +90,19 @@ function renderUsage(a) {
   for (const l of a.limits || []) {
     const o = overrideText(l.override);
     if (l.scope !== "global") {
-      rows.push({ cells: [l.limit_id, "(each region)", "—", "—", fmt(l.limit), o, "—", "—"], region: "" });
+      rows.push({ cells: [l.limit_id, "(each region)", "—", "—", "—", "—", fmt(l.limit), o, "—", "—"], region: "" });
       notes.push(l.limit_id + ": " + l.note);
       continue;
     }
     for (const r of l.regions || []) {
       const used = { counted: fmt(r.used), partial: fmt(r.used) + " (some pods)", not_tracked: "not tracked",
         not_reported: "not reported by its pods" }[r.figure] || "no report this period";
-      rows.push({ cells: [l.limit_id, r.region, used, fmt(r.allocation), fmt(l.key_limit), o, "—", age(r.age_ms)], region: r.region });
+      rows.push({ cells: [l.limit_id, r.region, used, fmt(r.reserved), fmt(r.settled), fmt(r.allocation), fmt(l.key_limit), o, "—", age(r.age_ms)],
+        region: r.region });
     }
     const w = l.world || {};
-    rows.push({ cells: [l.limit_id, "world", w.used !== null ? fmt(w.used) : "not tracked", fmt(w.allocation), fmt(l.key_limit), o, percent(w.ratio), "—"],
+    rows.push({ cells: [l.limit_id, "world", w.used !== null ? fmt(w.used) : "not tracked", fmt(w.reserved), fmt(w.settled), fmt(w.allocation),
+      fmt(l.key_limit), o, percent(w.ratio), "—"],
       region: "world", over: w.over });
     if (l.status === "not_tracked") notes.push(l.limit_id + ": the key is not among the busiest keys the leader tracks this period: its count is unknown, not 0.");
     if (l.status === "no_reports") notes.push(l.limit_id + ": no pod reported the period that began at " + time(l.period.start_unix_ms) + " UTC yet.");
@@ -109,7 +111,8 @@ function renderUsage(a) {
     }
   }
   const t = $("usage-table");
-  table(t, ["Limit", "Region", "Used this period", "Allocation", "Key's limit", "Override", "Use", "Age"], rows.map((r) => r.cells), [1, 5]);
+  table(t, ["Limit", "Region", "Used this period", "Reserved (open)", "Settled", "Allocation", "Key's limit", "Override", "Use", "Age"],
+    rows.map((r) => r.cells), [1, 7]);
   const caption = document.createElement("caption");
   caption.textContent = "Key " + a.key + " of rule " + a.rule + " (domain " + a.domain + "), at " + time(a.at_unix_ms) +
     " UTC; pods report every " + age(a.report_interval_ms) + ".";

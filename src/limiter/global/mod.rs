@@ -32,11 +32,12 @@ use tokio::sync::Notify;
 use crate::algorithm::{InvalidInput, Params};
 use crate::allocation::Millis;
 use crate::allocation::global_rule::GlobalRule;
-use crate::allocation::pod::{Decided, PodAccount, ResetTells};
+use crate::allocation::pod::{Decided, PodAccount, ResetTells, Settlement};
 use crate::allocation::table::{RegionUpdate, Table};
 use crate::clock::now_unix_ms;
 use crate::proto::meridian::v1 as pb;
 use crate::rules::{Rule, RuleSet, Scope};
+use crate::store::reservation::LimitSettled;
 
 use flight::Flight;
 pub use flight::InFlight;
@@ -322,6 +323,56 @@ impl Global {
         if asked_top_up {
             counter!("meridian_allocation_top_ups_total", "rule" => id.into_owned()).increment(1);
             self.wake.notify_one();
+        }
+    }
+
+    /// Counts a settled reservation of limit `index` of a global rule: its
+    /// refund and excess turn the estimate counted at admission into the
+    /// settled cost the demand report carries (see [`PodAccount::settled`]).
+    /// `window_use`: the settlement's limit is the rule's allocation (no
+    /// override), so its count is the key's use of it.
+    pub fn settled(
+        &self,
+        rule: &Rule,
+        index: usize,
+        key: &str,
+        settled: &LimitSettled,
+        age_us: u64,
+        window_use: bool,
+    ) {
+        if !self.is_global(rule) {
+            return;
+        }
+        let Some(params) = rule.limits().nth(index) else {
+            return;
+        };
+        let id = rule.limit_id(index);
+        let settlement = Settlement {
+            rule: id.as_ref(),
+            key,
+            period_ms: params.period().as_millis() as u64,
+            refunded: settled.refunded,
+            charged: settled.charged,
+            charged_age_ms: age_us / 1_000,
+            used: (window_use && Self::counted_window_ms(rule, index).is_some())
+                .then(|| settled.limit.saturating_sub(settled.remaining)),
+        };
+        self.account().settled(&settlement, now_unix_ms());
+    }
+
+    /// Adds `delta` (an estimate opened here, or minus one settled here)
+    /// to the reservations open on `key` under every limit of a global
+    /// `rule`, until `expires_in_ms` from now, for the reports (`ctl
+    /// usage` shows reserved vs settled).
+    pub fn open_reservation(&self, rule: &Rule, key: &str, delta: i64, expires_in_ms: u64) {
+        if !self.is_global(rule) {
+            return;
+        }
+        let now = now_unix_ms();
+        let until = now.saturating_add(expires_in_ms.min(i64::MAX as u64) as i64);
+        let mut account = self.account();
+        for index in 0..=rule.also.len() {
+            account.open_reservation(&rule.limit_id(index), key, delta, until);
         }
     }
 

@@ -287,6 +287,15 @@ fn to_proto(report: PodReport) -> pb::DemandReport {
             })
             .collect(),
         resets_applied: Vec::new(),
+        reserved: report
+            .reserved
+            .into_iter()
+            .map(|r| pb::KeyReserved {
+                rule: r.rule,
+                key: r.key,
+                outstanding: r.outstanding,
+            })
+            .collect(),
     }
 }
 

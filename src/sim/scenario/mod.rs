@@ -50,6 +50,29 @@ pub struct Scenario {
     pub regions: Vec<RegionSpec>,
     /// Who asks for how much, where and when.
     pub traffic: TrafficSpec,
+    /// Calls whose cost settles later (`[cost]`): then every hit is a call
+    /// of log-normal tokens, and the run compares ways of charging it
+    /// (`sim::cost`) instead of ways of dividing the limit.
+    pub cost: Option<CostSpec>,
+}
+
+/// Calls that cost tokens known only when they end (`[cost]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CostSpec {
+    /// What a call reserves (and what "charge the estimate" charges).
+    pub estimate: u64,
+    /// The median call's tokens (log-normal).
+    pub median: f64,
+    /// The log-normal's shape: the standard deviation of ln(tokens).
+    pub sigma: f64,
+    /// No call costs more (the rule's `max_cost`).
+    pub max_cost: u64,
+    /// A call's cost is known this long after its admission, uniform
+    /// between the two.
+    pub settle_min_ms: i64,
+    pub settle_max_ms: i64,
+    /// The rule's `max_overdraft` (`None`: each region's allocation).
+    pub max_overdraft: Option<u64>,
 }
 
 /// The simulated global rule: one world-wide limit, divided between regions.

@@ -19,6 +19,19 @@ pub(super) struct RawScenario {
     pub(super) coordinator: RawCoordinator,
     pub(super) region: Vec<RawRegion>,
     pub(super) traffic: RawTraffic,
+    pub(super) cost: Option<RawCost>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCost {
+    pub(super) estimate: i64,
+    pub(super) median: f64,
+    pub(super) sigma: f64,
+    pub(super) max_cost: i64,
+    pub(super) settle_min_s: f64,
+    pub(super) settle_max_s: f64,
+    pub(super) max_overdraft: Option<i64>,
 }
 
 #[derive(Deserialize)]

@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::raw::{RawScenario, RawSpan};
+use super::raw::{RawCost, RawScenario, RawSpan};
 use super::{
-    CoordinatorSpec, RegionSpec, RuleSpec, Scenario, ScenarioError, Shape, Shift, Span, Surge,
-    TrafficSpec,
+    CoordinatorSpec, CostSpec, RegionSpec, RuleSpec, Scenario, ScenarioError, Shape, Shift, Span,
+    Surge, TrafficSpec,
 };
 use crate::algorithm::{Algorithm, Params};
 use crate::allocation::cadence::report_interval_for;
@@ -103,6 +103,77 @@ impl Check<'_> {
             "at least one region needs a share above 0",
         )?;
         Ok(out)
+    }
+}
+
+impl Check<'_> {
+    /// `[cost]`: a fixed window or sliding counter (the algorithms whose
+    /// per-window settled count the report measures), estimates and costs
+    /// within the rule's limit and the stores' range.
+    fn cost(&self, raw: &RawCost, rule: &RuleSpec) -> Result<CostSpec, ScenarioError> {
+        self.ensure(
+            matches!(
+                rule.algorithm,
+                Algorithm::FixedWindow | Algorithm::SlidingWindowCounter
+            ),
+            "cost",
+            format!(
+                "{} is not simulated with costs (fixed_window or sliding_window_counter)",
+                rule.algorithm
+            ),
+        )?;
+        self.ensure(
+            raw.estimate >= 1 && raw.estimate as u64 <= rule.limit,
+            "cost.estimate",
+            format!(
+                "{} must be 1 to the rule's limit {}",
+                raw.estimate, rule.limit
+            ),
+        )?;
+        self.ensure(
+            raw.median.is_finite() && raw.median >= 1.0,
+            "cost.median",
+            format!("{} must be at least 1 token", raw.median),
+        )?;
+        self.ensure(
+            raw.sigma.is_finite() && (0.0..=4.0).contains(&raw.sigma),
+            "cost.sigma",
+            format!("{} must be between 0 and 4", raw.sigma),
+        )?;
+        self.ensure(
+            raw.max_cost >= raw.estimate && raw.max_cost <= 1_000_000_000,
+            "cost.max_cost",
+            format!("{} must be between the estimate and 10^9", raw.max_cost),
+        )?;
+        let ms = |s: f64| (s * 1000.0).round() as i64;
+        self.ensure(
+            raw.settle_min_s.is_finite()
+                && raw.settle_max_s.is_finite()
+                && 0.0 <= raw.settle_min_s
+                && raw.settle_min_s <= raw.settle_max_s
+                && raw.settle_max_s <= 3600.0,
+            "cost.settle_min_s",
+            format!(
+                "{}..{} must be 0 ≤ settle_min_s ≤ settle_max_s ≤ 3600",
+                raw.settle_min_s, raw.settle_max_s
+            ),
+        )?;
+        if let Some(o) = raw.max_overdraft {
+            self.ensure(
+                (0..=1_000_000_000).contains(&o),
+                "cost.max_overdraft",
+                format!("{o} must be 0 to 10^9"),
+            )?;
+        }
+        Ok(CostSpec {
+            estimate: raw.estimate as u64,
+            median: raw.median,
+            sigma: raw.sigma,
+            max_cost: raw.max_cost as u64,
+            settle_min_ms: ms(raw.settle_min_s),
+            settle_max_ms: ms(raw.settle_max_s),
+            max_overdraft: raw.max_overdraft.map(|o| o as u64),
+        })
     }
 }
 
@@ -441,7 +512,12 @@ impl RawScenario {
                 factor: s.factor,
             });
         }
+        let cost = match &self.cost {
+            Some(raw) => Some(c.cost(raw, &rule)?),
+            None => None,
+        };
         Ok(Scenario {
+            cost,
             name: self.name,
             description: self.description,
             duration_ms: self.duration_s * 1000,
@@ -498,6 +574,46 @@ mod tests {
             field(scenario("report_interval_ms = 0")),
             "coordinator.report_interval_ms"
         );
+    }
+
+    #[test]
+    fn a_cost_table_is_checked_naming_the_field() {
+        let with = |cost: &str| {
+            let text = format!(
+                "name = \"t\"\nduration_s = 60\n\n[rule]\nalgorithm = \"fixed_window\"\nlimit = 2000\nperiod_s = 10\n\n[[region]]\nname = \"a\"\n\n[traffic]\ncustomers = 1\nrate = 1.0\n\n[cost]\n{cost}\n"
+            );
+            Scenario::parse("t.toml", &text)
+        };
+        let good = "estimate = 100\nmedian = 60.0\nsigma = 1.0\nmax_cost = 1000\nsettle_min_s = 1.0\nsettle_max_s = 5.0";
+        let cost = with(good).expect("valid").cost.expect("a cost table");
+        assert_eq!(
+            (
+                cost.estimate,
+                cost.settle_min_ms,
+                cost.settle_max_ms,
+                cost.max_overdraft
+            ),
+            (100, 1_000, 5_000, None)
+        );
+        for (bad, what, field_name) in [
+            ("estimate = 100", "estimate = 0", "cost.estimate"),
+            ("estimate = 100", "estimate = 5000", "cost.estimate"),
+            ("sigma = 1.0", "sigma = nan", "cost.sigma"),
+            ("median = 60.0", "median = 0.5", "cost.median"),
+            ("max_cost = 1000", "max_cost = 50", "cost.max_cost"),
+            (
+                "settle_max_s = 5.0",
+                "settle_max_s = 0.5",
+                "cost.settle_min_s",
+            ),
+        ] {
+            assert_eq!(field(with(&good.replace(bad, what))), field_name, "{what}");
+        }
+        assert_eq!(
+            field(with(&format!("{good}\nmax_overdraft = -1"))),
+            "cost.max_overdraft"
+        );
+        assert_eq!(field(with(&format!("{good}\nunknown = 1"))), "toml");
     }
 
     #[test]

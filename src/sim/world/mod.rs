@@ -13,6 +13,7 @@
 //! pods serving requests in `serve`.
 
 mod control;
+mod costs;
 mod serve;
 
 use std::collections::{BTreeMap, HashMap};
@@ -22,6 +23,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use self::control::{SimCoordinator, new_leader};
+use super::cost::{Calls, Charging, Pending};
 use super::enforce::{Counters, ParamsCache};
 use super::scenario::Scenario;
 use super::traffic::Batch;
@@ -134,11 +136,20 @@ pub struct WindowAcc {
     pub checks: u64,
     /// Token bucket: the largest excess over `B + R·T` seen this window.
     pub bucket_excess: f64,
+    /// Cost scenarios: tokens charged into the counters per key this
+    /// window (estimates and excess, less refunds back into it) — what the
+    /// stated bound is about, beside the tokens calls consumed.
+    pub charged: HashMap<u32, i64>,
 }
 
 /// One strategy's world (see the module doc), stepped in virtual time.
 pub struct SimWorld {
     pub strategy: Strategy,
+    /// Cost scenarios: how calls are charged (`None`: hits, or the ideal
+    /// counter, which knows each call's tokens when it admits it).
+    pub charging: Option<Charging>,
+    /// Cost scenarios: admitted calls waiting to settle, by (due, sequence).
+    pending: BTreeMap<(i64, u64), Pending>,
     scenario: Rc<Scenario>,
     keys: Rc<[String]>,
     regions: Vec<SimRegion>,
@@ -231,6 +242,8 @@ impl SimWorld {
         let n = s.regions.len();
         let mut world = SimWorld {
             strategy,
+            charging: None,
+            pending: BTreeMap::new(),
             keys,
             regions,
             ideal: (strategy == Strategy::Ideal)
@@ -346,8 +359,15 @@ impl SimWorld {
         self.scenario.regions[r].latency_ms
     }
 
-    /// Advances to `t` and serves the step's requests.
-    pub fn step(&mut self, t: i64, batches: &[Batch]) {
+    /// The same world charging calls' costs by `charging` (cost scenarios).
+    pub fn charging(mut self, charging: Charging) -> SimWorld {
+        self.charging = Some(charging);
+        self
+    }
+
+    /// Advances to `t` and serves the step's requests (`calls`: their costs,
+    /// in a cost scenario).
+    pub fn step(&mut self, t: i64, batches: &[Batch], calls: Option<&Calls>) {
         // What happened before `t` reached the pods before a failure that
         // starts at `t` restarts them.
         self.handle_until(t - 1);
@@ -357,7 +377,13 @@ impl SimWorld {
             self.resync(t);
             self.send_reports(t);
         }
-        self.serve(t, batches);
+        match calls {
+            Some(calls) => {
+                self.settle_due(t);
+                self.serve_calls(t, batches, calls);
+            }
+            None => self.serve(t, batches),
+        }
     }
 
     fn handle_until(&mut self, t: i64) {

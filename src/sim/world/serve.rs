@@ -120,19 +120,23 @@ impl SimWorld {
                 e.1 += admitted;
             }
         }
-        asked_top_up.sort_unstable();
-        asked_top_up.dedup();
-        for (r, p) in asked_top_up {
-            let report = self.pod_report(r, p, t, false);
-            if self.link(r, t) {
-                self.schedule(
-                    t + s.regions[r].latency_ms,
-                    Event::Report { region: r, report },
-                );
-            }
-        }
+        self.send_top_ups(t, asked_top_up);
         if !s.rule.windowed() {
             self.check_bucket(t);
+        }
+    }
+
+    /// Pods `(region, pod)` that asked for a top-up report once the step's
+    /// checks are counted, as a limiter's reporter wakes for them.
+    pub(super) fn send_top_ups(&mut self, t: i64, mut asked: Vec<(usize, usize)>) {
+        asked.sort_unstable();
+        asked.dedup();
+        for (r, p) in asked {
+            let report = self.pod_report(r, p, t, false);
+            if self.link(r, t) {
+                let at = t + self.latency(r);
+                self.schedule(at, Event::Report { region: r, report });
+            }
         }
     }
 

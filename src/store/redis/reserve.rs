@@ -135,7 +135,9 @@ impl RedisStore {
             [-3, _, was, ..] => Err(ReservationError::AlreadySettled {
                 was: settle_of(*was),
             }),
-            [status @ (1 | 2), estimate, was, rest @ ..] if rest.len() == 4 * hold.limits.len() => {
+            [status @ (1 | 2), estimate, was, rest @ .., age, left]
+                if rest.len() == 4 * hold.limits.len() =>
+            {
                 let limits = rest
                     .chunks(4)
                     .map(|l| {
@@ -152,6 +154,8 @@ impl RedisStore {
                     settled: settle_of(*was),
                     replayed: *status == 2,
                     limits,
+                    charged_age_us: non_negative(*age)?,
+                    expires_in_us: non_negative(*left)?,
                 })
             }
             _ => Err(unexpected(&reply)),

@@ -11,7 +11,8 @@
 -- most its overdraft past itself, and the reply is {3, 0, amount, then per
 -- limit 0, charged, remaining, limit}.
 -- Returns {status, estimate, settled actual (-1: released), then per limit
--- refunded, charged, remaining, limit}: status 1 settled now, 2 the same
+-- refunded, charged, remaining, limit, then µs since the estimate was
+-- charged and µs until the reservation's ttl ends (0: passed)}: status 1 settled now, 2 the same
 -- settlement again (nothing changed; refunded and charged are the first
 -- one's), -1 unknown id (nothing follows), -2 expired at its ttl (settled at
 -- its estimate; nothing changed), -3 settled otherwise before (the third
@@ -185,6 +186,8 @@ if rec[4] ~= '0' then
     reply[at + 1], reply[at + 2] = first[2 * j - 1] or 0, first[2 * j] or 0
     reply[at + 3], reply[at + 4] = remaining, lim
   end
+  reply[#reply + 1] = math.max(0, now - reserved_at)
+  reply[#reply + 1] = math.max(0, expires - now)
   return reply
 end
 if now >= expires then
@@ -212,4 +215,6 @@ if actual < 0 then
 end
 redis.call('HSET', record, 's', settled, 'a', int(actual), 'o', table.concat(first, ','))
 redis.call('ZREM', KEYS[1] .. ':rvo', nonce .. ':' .. int(estimate))
+reply[#reply + 1] = math.max(0, now - reserved_at)
+reply[#reply + 1] = math.max(0, expires - now)
 return reply
