@@ -324,27 +324,11 @@ impl InWindow {
     ///
     /// Not for a region back from a partition or a restart this window: its
     /// demand, and so its target, may be stale.
-    ///
-    /// A pace above the new value's is fine when it matches the region's
-    /// `demand` behind the target (hits per period): the target is then
-    /// what the region should have under the new split, not a stale figure,
-    /// and holding its old value to the boundary would keep the region that
-    /// gained from the rest of the window (a swing late in a window).
-    pub fn may_shrink_now(&self, i: usize, to: u64, demand: Option<f64>) -> bool {
+    pub fn may_shrink_now(&self, i: usize, to: u64) -> bool {
         let r = self.regions[i];
-        let paced =
-            |per_period: f64| r.used.count as f64 <= SHRINK_NOW_SLACK * per_period * self.elapsed;
         r.reported > 0
             && r.settled_since <= self.start_ms
-            && (paced(to as f64) || demand.is_some_and(|d| d.is_finite() && paced(d)))
-    }
-
-    /// No pod of any region started (or came back from a silence) within
-    /// the window: every count reported covers the whole window.
-    pub fn settled(&self) -> bool {
-        self.regions
-            .iter()
-            .all(|r| r.settled_since <= self.start_ms)
+            && r.used.count as f64 <= SHRINK_NOW_SLACK * to as f64 * self.elapsed
     }
 }
 

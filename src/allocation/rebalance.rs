@@ -323,12 +323,10 @@ fn step_rule(
         now_ms: round.now_ms,
         window_ms: policy.window_ms,
     };
-    per_region(&rule.demand, &names, &mut scratch.demand);
     moves.apply(
         &mut scratch.slots,
         &mut scratch.old,
         Some(&mut rule.high_water),
-        &scratch.demand,
     );
     store(&mut rule.split, &names, &scratch.slots);
 
@@ -406,7 +404,7 @@ fn step_rule(
             load(&entry.shares, &names, &mut scratch.slots);
             settle(&mut scratch.slots, view, &names, acked);
             retarget(&mut scratch.slots, &target, view, limit, config);
-            moves.apply(&mut scratch.slots, &mut scratch.old, None, &demand);
+            moves.apply(&mut scratch.slots, &mut scratch.old, None);
             store(&mut entry.shares, &names, &scratch.slots);
         }
         for (key, (target, demand)) in fresh {
@@ -428,7 +426,7 @@ fn step_rule(
                 slot.now_until_ms = 0;
             }
             retarget(&mut scratch.slots, &target, view, limit, config);
-            moves.apply(&mut scratch.slots, &mut scratch.old, None, &demand);
+            moves.apply(&mut scratch.slots, &mut scratch.old, None);
             store(&mut entry.shares, &names, &scratch.slots);
             keys.insert(key, entry);
         }
@@ -436,8 +434,7 @@ fn step_rule(
         for entry in keys.values_mut() {
             load(&entry.shares, &names, &mut scratch.slots);
             settle(&mut scratch.slots, view, &names, acked);
-            per_region(&entry.demand, &names, &mut scratch.demand);
-            moves.apply(&mut scratch.slots, &mut scratch.old, None, &scratch.demand);
+            moves.apply(&mut scratch.slots, &mut scratch.old, None);
             store(&mut entry.shares, &names, &scratch.slots);
         }
     }
@@ -467,12 +464,6 @@ fn step_rule(
         demanded || !matches_split
     });
     rule.keys = keys;
-}
-
-/// A per-region map (demand) as a vector indexed like `names`.
-fn per_region(map: &BTreeMap<String, f64>, names: &[&str], out: &mut Vec<f64>) {
-    out.clear();
-    out.extend(names.iter().map(|n| map.get(*n).copied().unwrap_or(0.0)));
 }
 
 fn load(shares: &Shares, names: &[&str], out: &mut Vec<Slot>) {

@@ -148,14 +148,14 @@ fn only_grows_from_never_issued_capacity_apply_at_once() {
         },
         Slot::default(),
     ];
-    super::rebalance::transition_tracked(&mut slots, 1000, 1, Some(&mut hw), None, &[]);
+    super::rebalance::transition_tracked(&mut slots, 1000, 1, Some(&mut hw), None);
     assert!(slots[0].immediate && slots[0].granted == 1000);
     // Hyderabad joins: its share was mumbai's, possibly in use this window.
     slots[0].target = 500;
     slots[1].target = 500;
-    super::rebalance::transition_tracked(&mut slots, 1000, 2, Some(&mut hw), None, &[]);
+    super::rebalance::transition_tracked(&mut slots, 1000, 2, Some(&mut hw), None);
     slots[0].bound = slots[0].granted;
-    super::rebalance::transition_tracked(&mut slots, 1000, 3, Some(&mut hw), None, &[]);
+    super::rebalance::transition_tracked(&mut slots, 1000, 3, Some(&mut hw), None);
     assert_eq!(slots[1].granted, 500);
     assert!(
         !slots[1].immediate,
@@ -174,7 +174,7 @@ fn only_grows_from_never_issued_capacity_apply_at_once() {
             ..Slot::default()
         },
     ];
-    super::rebalance::transition_tracked(&mut slots, 1000, 1, Some(&mut hw), None, &[]);
+    super::rebalance::transition_tracked(&mut slots, 1000, 1, Some(&mut hw), None);
     assert!(slots.iter().all(|s| s.immediate));
     assert_eq!(hw, 1000);
 }
@@ -898,7 +898,7 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
     };
     let mut slots = m600_h400_to_m300_h700();
     let w = window(use_of(100, 600), use_of(390, 400), true);
-    super::rebalance::transition_tracked(&mut slots, 1000, 2, None, Some(&w), &[]);
+    super::rebalance::transition_tracked(&mut slots, 1000, 2, None, Some(&w));
     assert!(slots[0].shrink_now, "M used 100 of the 300 it keeps");
     assert_eq!(slots[0].now_until_ms, 60_000, "for this window only");
     assert_eq!(
@@ -909,7 +909,7 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
     // M acknowledges with its pods at 300: H's grow applies at once.
     slots[0].bound = slots[0].granted;
     let w = window(use_of(130, 300), use_of(400, 400), true);
-    super::rebalance::transition_tracked(&mut slots, 1000, 3, None, Some(&w), &[]);
+    super::rebalance::transition_tracked(&mut slots, 1000, 3, None, Some(&w));
     assert_eq!(slots[1].granted, 700);
     assert!(slots[1].immediate && slots[1].now_until_ms == 60_000);
 
@@ -918,7 +918,7 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
     late[1].granted = 400;
     late[1].bound = 400;
     let w = window(use_of(130, 300), use_of(400, 400), false);
-    super::rebalance::transition_tracked(&mut late, 1000, 3, None, Some(&w), &[]);
+    super::rebalance::transition_tracked(&mut late, 1000, 3, None, Some(&w));
     assert_eq!(late[1].granted, 700);
     assert!(!late[1].immediate, "an unreported pod may enforce anything");
 
@@ -926,10 +926,10 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
     // shrink waits for the boundary, and what it counted stays reserved.
     let mut used = m600_h400_to_m300_h700();
     let w = window(use_of(450, 600), use_of(390, 400), true);
-    super::rebalance::transition_tracked(&mut used, 1000, 2, None, Some(&w), &[]);
+    super::rebalance::transition_tracked(&mut used, 1000, 2, None, Some(&w));
     assert!(!used[0].shrink_now);
     used[0].bound = used[0].granted;
-    super::rebalance::transition_tracked(&mut used, 1000, 3, None, Some(&w), &[]);
+    super::rebalance::transition_tracked(&mut used, 1000, 3, None, Some(&w));
     assert_eq!(used[1].granted, 700);
     assert!(
         !used[1].immediate,
@@ -945,87 +945,8 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
         elapsed: 0.25,
         regions: vec![heard(use_of(0, 0), 0), heard(use_of(390, 400), 2)],
     };
-    super::rebalance::transition_tracked(&mut unheard, 1000, 2, None, Some(&w), &[]);
+    super::rebalance::transition_tracked(&mut unheard, 1000, 2, None, Some(&w));
     assert!(!unheard[0].shrink_now);
-}
-
-/// The swing cases the real two-region test fell short on: a shrinking
-/// region whose pace is its (new) demand shrinks at once even above its new
-/// value's pace; a grow only part of which fits this window takes that part
-/// now; and a grow that waited for the boundary takes what fits once a later
-/// round shows it.
-#[test]
-fn within_a_window_a_swing_hands_over_what_fits_at_once() {
-    let heard = |used: WindowUse| RegionWindow {
-        used,
-        live: 2,
-        reported: 2,
-        settled_since: 0,
-    };
-    let window = |m: WindowUse, h: WindowUse| InWindow {
-        start_ms: 0,
-        until_ms: 60_000,
-        elapsed: 0.25,
-        regions: vec![heard(m), heard(h)],
-    };
-    // M counted 450 a quarter into the window: 1,800 a window, well above
-    // the 300 it keeps — but that is its demand, so the target is not stale.
-    let mut slots = m600_h400_to_m300_h700();
-    let w = window(use_of(450, 600), use_of(390, 400));
-    super::rebalance::transition_tracked(&mut slots, 1000, 2, None, Some(&w), &[1_800.0, 2_000.0]);
-    assert!(slots[0].shrink_now, "M's pace is its demand");
-    // With a demand far below its pace (stale), it waits for the boundary.
-    let mut stale = m600_h400_to_m300_h700();
-    super::rebalance::transition_tracked(&mut stale, 1000, 2, None, Some(&w), &[600.0, 2_000.0]);
-    assert!(
-        !stale[0].shrink_now,
-        "a pace 3× the demand: the target may be stale"
-    );
-
-    // M acknowledges at 300 having counted 450: H may admit 550 this window,
-    // not 700 — it takes the 550 now, the rest in a later round.
-    slots[0].bound = slots[0].granted;
-    let w = window(use_of(450, 300), use_of(400, 400));
-    super::rebalance::transition_tracked(&mut slots, 1000, 3, None, Some(&w), &[]);
-    assert_eq!(slots[1].granted, 550);
-    assert!(slots[1].immediate && slots[1].now_until_ms == 60_000);
-    // Late in the window the whole grow waits for the boundary instead.
-    let mut late = m600_h400_to_m300_h700();
-    late[0].bound = 300;
-    late[0].granted = 300;
-    let w_late = InWindow {
-        elapsed: 0.75,
-        ..window(use_of(450, 300), use_of(400, 400))
-    };
-    super::rebalance::transition_tracked(&mut late, 1000, 3, None, Some(&w_late), &[]);
-    assert_eq!(late[1].granted, 700);
-    assert!(!late[1].immediate);
-
-    // A grow that waited for the boundary (M's report still showed its old
-    // value): a later round of the window, with M reported at 300 and 200
-    // counted, lets it apply at once.
-    let mut waiting = m600_h400_to_m300_h700();
-    waiting[0].granted = 300;
-    waiting[0].bound = 300;
-    waiting[1].granted = 700;
-    waiting[1].bound = 700;
-    waiting[1].before = 400;
-    waiting[1].before_until_ms = 60_000;
-    let w = window(use_of(200, 300), use_of(400, 400));
-    super::rebalance::transition_tracked(&mut waiting, 1000, 4, None, Some(&w), &[]);
-    assert_eq!(waiting[1].granted, 700);
-    assert!(waiting[1].immediate && waiting[1].now_until_ms == 60_000);
-    // Not when a pod of a region started within the window.
-    let mut restarted = waiting;
-    restarted[1].immediate = false;
-    restarted[1].now_until_ms = 0;
-    let mut w = window(use_of(200, 300), use_of(400, 400));
-    w.regions[0].settled_since = 10_000;
-    super::rebalance::transition_tracked(&mut restarted, 1000, 4, None, Some(&w), &[]);
-    assert!(
-        !restarted[1].immediate,
-        "M's count may miss what it admitted before"
-    );
 }
 
 #[test]
