@@ -44,22 +44,6 @@ descriptors:
     )
 }
 
-async fn post(
-    client: &reqwest::Client,
-    limiter: &LimiterProcess,
-    path: &str,
-    body: Value,
-) -> (u16, Value) {
-    let response = client
-        .post(limiter.http_url(path))
-        .json(&body)
-        .send()
-        .await
-        .expect("limiter answers");
-    let status = response.status().as_u16();
-    (status, response.json().await.expect("a JSON body"))
-}
-
 fn reserve(customer: &str, ttl_ms: u64) -> Value {
     json!({"domain": "llm", "rule": "tokens", "key": customer, "estimate": ESTIMATE, "ttl_ms": ttl_ms})
 }
@@ -67,13 +51,13 @@ fn reserve(customer: &str, ttl_ms: u64) -> Value {
 /// The key's count in its window now (`limit − remaining` of a check-only
 /// check).
 async fn count(client: &reqwest::Client, limiter: &LimiterProcess, customer: &str) -> u64 {
-    let (_, d) = post(
-        client,
-        limiter,
-        "/v1/check",
-        json!({"domain": "llm", "rule": "tokens", "key": customer, "check_only": true}),
-    )
-    .await;
+    let (_, d) = limiter
+        .post_json(
+            client,
+            "/v1/check",
+            json!({"domain": "llm", "rule": "tokens", "key": customer, "check_only": true}),
+        )
+        .await;
     let n = |f: &str| d[f].as_u64().unwrap_or_else(|| panic!("{f} in {d}"));
     n("limit") - n("remaining")
 }
@@ -171,7 +155,9 @@ async fn two_regions_settling_seconds_later_stay_within_the_budget_plus_each_reg
     clear_of_window_boundary(PERIOD, Duration::from_secs(3)).await;
     let mut held = Vec::new();
     let denial = loop {
-        let (status, body) = post(&client, mumbai, "/v1/reserve", reserve("probe", 60_000)).await;
+        let (status, body) = mumbai
+            .post_json(&client, "/v1/reserve", reserve("probe", 60_000))
+            .await;
         if status != 200 {
             break body;
         }
@@ -201,7 +187,9 @@ async fn two_regions_settling_seconds_later_stay_within_the_budget_plus_each_reg
         "the open estimates are the count"
     );
     for id in &held {
-        let (status, body) = post(&client, mumbai, "/v1/release", json!({"id": id})).await;
+        let (status, body) = mumbai
+            .post_json(&client, "/v1/release", json!({"id": id}))
+            .await;
         assert_eq!(status, 200, "release: {body}");
     }
     assert_eq!(

@@ -33,35 +33,19 @@ descriptors:
 
 const HOUR: Duration = Duration::from_secs(3600);
 
-async fn post(
-    client: &reqwest::Client,
-    limiter: &LimiterProcess,
-    path: &str,
-    body: Value,
-) -> (u16, Value) {
-    let response = client
-        .post(limiter.http_url(path))
-        .json(&body)
-        .send()
-        .await
-        .expect("limiter answers");
-    let status = response.status().as_u16();
-    (status, response.json().await.expect("a JSON body"))
-}
-
 fn reserve_body(customer: &str, estimate: u64, ttl_ms: u64) -> Value {
     json!({"domain": "llm", "rule": "tokens", "key": customer, "estimate": estimate, "ttl_ms": ttl_ms})
 }
 
 /// Remaining of `customer`'s budget, by a check-only check.
 async fn remaining(client: &reqwest::Client, limiter: &LimiterProcess, customer: &str) -> u64 {
-    let (_, d) = post(
-        client,
-        limiter,
-        "/v1/check",
-        json!({"domain": "llm", "rule": "tokens", "key": customer, "check_only": true}),
-    )
-    .await;
+    let (_, d) = limiter
+        .post_json(
+            client,
+            "/v1/check",
+            json!({"domain": "llm", "rule": "tokens", "key": customer, "check_only": true}),
+        )
+        .await;
     d["remaining"].as_u64().expect("remaining")
 }
 
@@ -73,9 +57,8 @@ async fn reserve_concurrently(
     estimate: u64,
 ) -> Vec<String> {
     let calls = (0..200).map(|_| {
-        post(
+        limiter.post_json(
             client,
-            limiter,
             "/v1/reserve",
             reserve_body(customer, estimate, 600_000),
         )
@@ -101,14 +84,9 @@ async fn budget_of_10000_admits_100_reservations_of_100_then_150_of_40_after_com
 
     let ids = reserve_concurrently(&client, &limiter, "42", 100).await;
     assert_eq!(ids.len(), 100);
-    let commits = ids.iter().map(|id| {
-        post(
-            &client,
-            &limiter,
-            "/v1/commit",
-            json!({"id": id, "actual": 40}),
-        )
-    });
+    let commits = ids
+        .iter()
+        .map(|id| limiter.post_json(&client, "/v1/commit", json!({"id": id, "actual": 40})));
     let mut refunded = 0;
     for (status, body) in futures::future::join_all(commits).await {
         assert_eq!(status, 200, "{body}");
@@ -187,32 +165,20 @@ async fn excess_is_charged_up_to_max_overdraft_and_bad_inputs_are_refused_naming
     let client = common::http_client().build().expect("client");
     clear_of_window_boundary(HOUR, Duration::from_secs(60)).await;
 
-    let (status, r) = post(
-        &client,
-        &limiter,
-        "/v1/reserve",
-        reserve_body("9", 9_000, 60_000),
-    )
-    .await;
+    let (status, r) = limiter
+        .post_json(&client, "/v1/reserve", reserve_body("9", 9_000, 60_000))
+        .await;
     assert_eq!(status, 200, "{r}");
     let id = r["id"].as_str().expect("id").to_owned();
     // Over max_cost: refused, the reservation stays open.
-    let (status, e) = post(
-        &client,
-        &limiter,
-        "/v1/commit",
-        json!({"id": id, "actual": 50_001}),
-    )
-    .await;
+    let (status, e) = limiter
+        .post_json(&client, "/v1/commit", json!({"id": id, "actual": 50_001}))
+        .await;
     assert_eq!((status, e["field"].as_str()), (400, Some("actual")), "{e}");
     // 5,000 past the estimate: 1,000 up to the limit, 2,000 of debt, 2,000 not charged.
-    let (status, s) = post(
-        &client,
-        &limiter,
-        "/v1/commit",
-        json!({"id": id, "actual": 14_000}),
-    )
-    .await;
+    let (status, s) = limiter
+        .post_json(&client, "/v1/commit", json!({"id": id, "actual": 14_000}))
+        .await;
     assert_eq!(status, 200, "{s}");
     assert_eq!(
         (s["charged"].as_u64(), s["uncharged"].as_u64()),
@@ -220,29 +186,23 @@ async fn excess_is_charged_up_to_max_overdraft_and_bad_inputs_are_refused_naming
         "{s}"
     );
     // The debt denies even a cost of 1 until the window ends.
-    let (status, _) = post(
-        &client,
-        &limiter,
-        "/v1/reserve",
-        reserve_body("9", 1, 60_000),
-    )
-    .await;
+    let (status, _) = limiter
+        .post_json(&client, "/v1/reserve", reserve_body("9", 1, 60_000))
+        .await;
     assert_eq!(status, 429);
     // The same commit again changes nothing; a release now is refused.
-    let (status, again) = post(
-        &client,
-        &limiter,
-        "/v1/commit",
-        json!({"id": id, "actual": 14_000}),
-    )
-    .await;
+    let (status, again) = limiter
+        .post_json(&client, "/v1/commit", json!({"id": id, "actual": 14_000}))
+        .await;
     assert_eq!(
         (status, again["replayed"].as_bool()),
         (200, Some(true)),
         "{again}"
     );
     assert_eq!(again["charged"], s["charged"]);
-    let (status, e) = post(&client, &limiter, "/v1/release", json!({"id": id})).await;
+    let (status, e) = limiter
+        .post_json(&client, "/v1/release", json!({"id": id}))
+        .await;
     assert_eq!(status, 409, "{e}");
 
     // Bad numbers, each refused naming its field.
@@ -276,7 +236,9 @@ async fn excess_is_charged_up_to_max_overdraft_and_bad_inputs_are_refused_naming
             "ttl_ms",
         ),
     ] {
-        let (status, e) = post(&client, &limiter, "/v1/reserve", body.clone()).await;
+        let (status, e) = limiter
+            .post_json(&client, "/v1/reserve", body.clone())
+            .await;
         assert_eq!(
             (status, e["field"].as_str()),
             (400, Some(field)),
@@ -304,13 +266,9 @@ async fn excess_is_charged_up_to_max_overdraft_and_bad_inputs_are_refused_naming
         );
     }
     for id in ["", "r1.AAAA", "not-an-id"] {
-        let (status, e) = post(
-            &client,
-            &limiter,
-            "/v1/commit",
-            json!({"id": id, "actual": 1}),
-        )
-        .await;
+        let (status, e) = limiter
+            .post_json(&client, "/v1/commit", json!({"id": id, "actual": 1}))
+            .await;
         assert_eq!(
             (status, e["field"].as_str()),
             (400, Some("id")),
@@ -318,24 +276,16 @@ async fn excess_is_charged_up_to_max_overdraft_and_bad_inputs_are_refused_naming
         );
     }
     // A well-formed id whose nonce was never reserved: unknown, nothing charged.
-    let (_, fresh) = post(
-        &client,
-        &limiter,
-        "/v1/reserve",
-        reserve_body("8", 10, 60_000),
-    )
-    .await;
+    let (_, fresh) = limiter
+        .post_json(&client, "/v1/reserve", reserve_body("8", 10, 60_000))
+        .await;
     let real = fresh["id"].as_str().expect("id");
     let mut forged = real.to_owned();
     let last = forged.pop().expect("non-empty");
     forged.push(if last == 'A' { 'Q' } else { 'A' });
-    let (status, e) = post(
-        &client,
-        &limiter,
-        "/v1/commit",
-        json!({"id": forged, "actual": 0}),
-    )
-    .await;
+    let (status, e) = limiter
+        .post_json(&client, "/v1/commit", json!({"id": forged, "actual": 0}))
+        .await;
     assert!(status == 404 || status == 400, "{status}: {e}");
     assert_eq!(remaining(&client, &limiter, "8").await, 9_990);
 }
@@ -404,31 +354,19 @@ async fn kill_9_with_50_open_reservations_leaves_each_settled_at_its_estimate() 
     clear_of_window_boundary(HOUR, Duration::from_secs(120)).await;
 
     // One committed before the kill (at 30 of 100) and 50 left open, ttl 2 s.
-    let (_, done) = post(
-        &client,
-        &limiter,
-        "/v1/reserve",
-        reserve_body("k", 100, 2_000),
-    )
-    .await;
+    let (_, done) = limiter
+        .post_json(&client, "/v1/reserve", reserve_body("k", 100, 2_000))
+        .await;
     let done = done["id"].as_str().expect("id").to_owned();
-    let (status, _) = post(
-        &client,
-        &limiter,
-        "/v1/commit",
-        json!({"id": done, "actual": 30}),
-    )
-    .await;
+    let (status, _) = limiter
+        .post_json(&client, "/v1/commit", json!({"id": done, "actual": 30}))
+        .await;
     assert_eq!(status, 200);
     let mut open = Vec::new();
     for _ in 0..50 {
-        let (status, r) = post(
-            &client,
-            &limiter,
-            "/v1/reserve",
-            reserve_body("k", 100, 2_000),
-        )
-        .await;
+        let (status, r) = limiter
+            .post_json(&client, "/v1/reserve", reserve_body("k", 100, 2_000))
+            .await;
         assert_eq!(status, 200, "{r}");
         open.push(r["id"].as_str().expect("id").to_owned());
     }
@@ -440,13 +378,9 @@ async fn kill_9_with_50_open_reservations_leaves_each_settled_at_its_estimate() 
     // Exactly 50 × 100 + 30 charged: nothing refunded, nothing twice.
     assert_eq!(remaining(&client, &limiter, "k").await, 10_000 - 5_000 - 30);
     // The commit made before the kill, retried: a no-op answering the same.
-    let (status, again) = post(
-        &client,
-        &limiter,
-        "/v1/commit",
-        json!({"id": done, "actual": 30}),
-    )
-    .await;
+    let (status, again) = limiter
+        .post_json(&client, "/v1/commit", json!({"id": done, "actual": 30}))
+        .await;
     assert_eq!(
         (status, again["replayed"].as_bool()),
         (200, Some(true)),
@@ -454,13 +388,9 @@ async fn kill_9_with_50_open_reservations_leaves_each_settled_at_its_estimate() 
     );
     assert_eq!(again["refunded"].as_u64(), Some(70));
     // An expired one: a clear error, and still nothing refunded.
-    let (status, e) = post(
-        &client,
-        &limiter,
-        "/v1/commit",
-        json!({"id": open[0], "actual": 1}),
-    )
-    .await;
+    let (status, e) = limiter
+        .post_json(&client, "/v1/commit", json!({"id": open[0], "actual": 1}))
+        .await;
     assert_eq!(status, 410, "{e}");
     assert!(e["error"].as_str().unwrap_or("").contains("expired"), "{e}");
     assert_eq!(remaining(&client, &limiter, "k").await, 10_000 - 5_000 - 30);

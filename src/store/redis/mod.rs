@@ -347,17 +347,7 @@ impl RedisStore {
             None => cmd.arg(""),
         };
         for limit in limits {
-            let params = &limit.params;
-            let scale = params.scale();
-            cmd.arg(params.algorithm() as usize)
-                .arg(params.limit())
-                .arg(params.period_us())
-                .arg(params.tick_us())
-                .arg(scale.unit)
-                .arg(scale.refill)
-                .arg(scale.capacity)
-                .arg(params.ttl_floor_us())
-                .arg(cost);
+            limit_args(&mut cmd, &limit.params).arg(cost);
         }
         let reply = self.here().invoke(&self.multi, &cmd).await?;
         reply.chunks(6).map(decision_from_reply).collect()
@@ -675,4 +665,19 @@ fn decision_from_reply(reply: &[i64]) -> Result<Decision, StoreError> {
         delay_us: non_negative(delay)?,
         reason: (!allowed).then_some(DenyReason::OverLimit),
     })
+}
+
+/// The eight arguments by which the multi-limit scripts read one limit
+/// (`multi.lua`'s `load`): each caller adds that limit's ninth (a check's
+/// cost, a reservation's limit index).
+pub(super) fn limit_args<'c>(cmd: &'c mut Cmd, params: &crate::algorithm::Params) -> &'c mut Cmd {
+    let scale = params.scale();
+    cmd.arg(params.algorithm() as usize)
+        .arg(params.limit())
+        .arg(params.period_us())
+        .arg(params.tick_us())
+        .arg(scale.unit)
+        .arg(scale.refill)
+        .arg(scale.capacity)
+        .arg(params.ttl_floor_us())
 }

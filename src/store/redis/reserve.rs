@@ -5,7 +5,7 @@
 
 use redis::{Cmd, Script};
 
-use super::{RedisStore, decision_from_reply, multi_library};
+use super::{RedisStore, decision_from_reply, limit_args, multi_library};
 use crate::algorithm::{Micros, precheck};
 use crate::store::reservation::{
     GRACE, Hold, LimitSettled, MAX_OPEN_PER_KEY, ReservationError, Reserved, Settle, Settled,
@@ -246,17 +246,7 @@ impl RedisStore {
         // whichever pod settles them.
         cmd.arg("");
         for (j, limit) in limits.iter().enumerate() {
-            let params = &limit.params;
-            let scale = params.scale();
-            cmd.arg(params.algorithm() as usize)
-                .arg(params.limit())
-                .arg(params.period_us())
-                .arg(params.tick_us())
-                .arg(scale.unit)
-                .arg(scale.refill)
-                .arg(scale.capacity)
-                .arg(params.ttl_floor_us())
-                .arg(ninth(j));
+            limit_args(&mut cmd, &limit.params).arg(ninth(j));
         }
         Ok(cmd)
     }

@@ -145,6 +145,24 @@ impl LimiterProcess {
         format!("http://{}{path}", self.http)
     }
 
+    /// POSTs `body` as JSON to `path` on the HTTP port: the status and the
+    /// JSON answer.
+    pub async fn post_json(
+        &self,
+        client: &reqwest::Client,
+        path: &str,
+        body: serde_json::Value,
+    ) -> (u16, serde_json::Value) {
+        let response = client
+            .post(self.http_url(path))
+            .json(&body)
+            .send()
+            .await
+            .expect("limiter answers");
+        let status = response.status().as_u16();
+        (status, response.json().await.expect("a JSON body"))
+    }
+
     pub fn rules_path(&self) -> &Path {
         &self.rules
     }
