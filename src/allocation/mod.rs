@@ -233,9 +233,11 @@ pub struct Slot {
     /// region may apply it at once instead of at the next window boundary.
     #[serde(default)]
     pub immediate: bool,
-    /// The last change was a shrink the region had not used yet this window
-    /// (its count was at most the new value): it applies at once, so what
-    /// it gives up can be granted within the window (see [`InWindow`]).
+    /// The last change was a shrink that applies at once, so what it gives
+    /// up can be granted within the window (see [`InWindow`]): to `granted`
+    /// when the region had not used it yet this window, else to `before`
+    /// until `before_until_ms` (a step, [`InWindow::shrink_step`]) and to
+    /// `granted` from that boundary.
     #[serde(default)]
     pub shrink_now: bool,
     /// When `immediate` or `shrink_now` was decided for one window only,
@@ -247,7 +249,9 @@ pub struct Slot {
     /// Until `before_until_ms` (the boundary after a grow that waits for it),
     /// what the region enforced when that window began: a pod that starts
     /// before the boundary (a restart, a new pod) holds no old value to keep
-    /// and takes this one, so it never takes the grow early.
+    /// and takes this one, so it never takes the grow early. After a step
+    /// shrink (`shrink_now` with `before` above `granted`), the step: what
+    /// the region enforces until that boundary.
     #[serde(default)]
     pub before: u64,
     /// The end of the window `before` is enforced in; 0 when there is none.
@@ -326,9 +330,38 @@ impl InWindow {
     /// demand, and so its target, may be stale.
     pub fn may_shrink_now(&self, i: usize, to: u64) -> bool {
         let r = self.regions[i];
-        r.reported > 0
-            && r.settled_since <= self.start_ms
+        self.heard_all_window(i)
             && r.used.count as f64 <= SHRINK_NOW_SLACK * to as f64 * self.elapsed
+    }
+
+    /// What region `i`, shrinking to `to` at a pace that does not fit `to`
+    /// ([`may_shrink_now`](Self::may_shrink_now) said no), may enforce for
+    /// the rest of the window: what it counted so far plus `to`'s pace over
+    /// what is left, as if the rest of the window were split anew. A swing
+    /// early in a window comes from a region that ran at its old share's
+    /// pace until then; holding that share to the boundary kept the region
+    /// that gained from most of the window, and cutting the other to `to`
+    /// at once would deny it the rest. `None` when its reports cannot tell
+    /// (as for `may_shrink_now`).
+    pub fn shrink_step(&self, i: usize, to: u64) -> Option<u64> {
+        let left = (1.0 - self.elapsed).clamp(0.0, 1.0);
+        self.heard_all_window(i)
+            .then(|| self.regions[i].used.count + (to as f64 * left).ceil() as u64)
+    }
+
+    /// Region `i` reported this window and none of its pods started (or
+    /// came back from a silence) within it: its count covers the window.
+    fn heard_all_window(&self, i: usize) -> bool {
+        let r = self.regions[i];
+        r.reported > 0 && r.settled_since <= self.start_ms
+    }
+
+    /// No pod of any region started (or came back from a silence) within
+    /// the window: every count reported covers the whole window.
+    pub fn settled(&self) -> bool {
+        self.regions
+            .iter()
+            .all(|r| r.settled_since <= self.start_ms)
     }
 }
 

@@ -238,13 +238,22 @@ impl Value {
     /// Takes a published value: at once when `now` says so and still
     /// holds, else at the next boundary. A shrink-now only ever lowers the
     /// value in force (what was admitted stays counted; nothing more above
-    /// `v` from here on).
+    /// `v` from here on); a step shrink (`starting` above `v`) lowers it to
+    /// the step until the step's boundary, and to `v` from there.
     fn take(&mut self, v: u64, now: Now, now_ms: Millis, period_ms: Option<u64>) {
         let holds = now.holds(now_ms);
         if holds && now.shrink_now && v <= self.at(now_ms) {
             self.settle(now_ms);
-            self.active = v;
-            self.next = None;
+            match now.starting {
+                Some((step, until)) if step > v && now_ms < until => {
+                    self.active = self.active.min(step);
+                    self.next = Some((v, until));
+                }
+                _ => {
+                    self.active = v;
+                    self.next = None;
+                }
+            }
         } else {
             let immediate = holds && now.immediate;
             self.set(v, now_ms, if immediate { None } else { period_ms });

@@ -949,6 +949,91 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
     assert!(!unheard[0].shrink_now);
 }
 
+/// The swing cases the real two-region test fell short on: a shrinking
+/// region that ran above its new value's pace steps down at once to what it
+/// counted plus that pace for the rest of the window; a grow only part of
+/// which fits this window takes that part now; and a grow that waited for
+/// the boundary takes what fits once a later round shows it.
+#[test]
+fn within_a_window_a_swing_hands_over_what_fits_at_once() {
+    let heard = |used: WindowUse| RegionWindow {
+        used,
+        live: 2,
+        reported: 2,
+        settled_since: 0,
+    };
+    let window = |m: WindowUse, h: WindowUse| InWindow {
+        start_ms: 0,
+        until_ms: 60_000,
+        elapsed: 0.25,
+        regions: vec![heard(m), heard(h)],
+    };
+    // M counted 150 a quarter into the window (it ran at 600's pace until
+    // the swing): 300 at once would cut it off early, 600 to the boundary
+    // would keep H from the rest of the window. It steps to 150 + 300 × ¾.
+    let mut slots = m600_h400_to_m300_h700();
+    let w = window(use_of(150, 600), use_of(390, 400));
+    super::rebalance::transition_tracked(&mut slots, 1000, 2, None, Some(&w));
+    assert!(slots[0].shrink_now && slots[0].now_until_ms == 60_000);
+    assert_eq!(
+        (slots[0].granted, slots[0].before, slots[0].before_until_ms),
+        (300, 375, 60_000),
+        "375 until the boundary, 300 from it"
+    );
+    // A region restarted within the window may have counted less than it
+    // admitted: no step.
+    let mut restarted = m600_h400_to_m300_h700();
+    let mut w_restart = window(use_of(150, 600), use_of(390, 400));
+    w_restart.regions[0].settled_since = 5_000;
+    super::rebalance::transition_tracked(&mut restarted, 1000, 2, None, Some(&w_restart));
+    assert!(!restarted[0].shrink_now && restarted[0].before_until_ms == 0);
+
+    // M acknowledges with its pods at 375, having counted 160: H may admit
+    // 625 this window, not 700 — it takes the 625 now, the rest later.
+    slots[0].bound = slots[0].granted;
+    let w = window(use_of(160, 375), use_of(400, 400));
+    super::rebalance::transition_tracked(&mut slots, 1000, 3, None, Some(&w));
+    assert_eq!(slots[1].granted, 625);
+    assert!(slots[1].immediate && slots[1].now_until_ms == 60_000);
+    // Late in the window the whole grow waits for the boundary instead.
+    let mut late = m600_h400_to_m300_h700();
+    late[0].bound = 300;
+    late[0].granted = 300;
+    let w_late = InWindow {
+        elapsed: 0.75,
+        ..window(use_of(450, 300), use_of(400, 400))
+    };
+    super::rebalance::transition_tracked(&mut late, 1000, 3, None, Some(&w_late));
+    assert_eq!(late[1].granted, 700);
+    assert!(!late[1].immediate);
+
+    // A grow that waited for the boundary (M's report still showed its old
+    // value): a later round of the window, with M reported at 300 and 200
+    // counted, lets it apply at once.
+    let mut waiting = m600_h400_to_m300_h700();
+    waiting[0].granted = 300;
+    waiting[0].bound = 300;
+    waiting[1].granted = 700;
+    waiting[1].bound = 700;
+    waiting[1].before = 400;
+    waiting[1].before_until_ms = 60_000;
+    let w = window(use_of(200, 300), use_of(400, 400));
+    super::rebalance::transition_tracked(&mut waiting, 1000, 4, None, Some(&w));
+    assert_eq!(waiting[1].granted, 700);
+    assert!(waiting[1].immediate && waiting[1].now_until_ms == 60_000);
+    // Not when a pod of a region started within the window.
+    let mut restarted = waiting;
+    restarted[1].immediate = false;
+    restarted[1].now_until_ms = 0;
+    let mut w = window(use_of(200, 300), use_of(400, 400));
+    w.regions[0].settled_since = 10_000;
+    super::rebalance::transition_tracked(&mut restarted, 1000, 4, None, Some(&w));
+    assert!(
+        !restarted[1].immediate,
+        "M's count may miss what it admitted before"
+    );
+}
+
 #[test]
 fn the_table_applies_now_flags_only_within_their_window() {
     let w: Option<u64> = Some(60_000);
@@ -997,6 +1082,28 @@ fn the_table_applies_now_flags_only_within_their_window() {
     };
     table.apply(&low, t0 + 130_000, |_| w).expect("low");
     assert_eq!(table.limit("r", "k", t0 + 130_001), Some(450));
+    // A step shrink: 420 until its boundary, 200 from there — never above
+    // the value in force (a later step of 480 leaves 420).
+    let step = |epoch, at: u64| {
+        let mut step = update(epoch, t0 + 600_000, Some(200), vec![]);
+        step.rules[0].split_now = Now {
+            shrink_now: true,
+            until_ms: t0 + 240_000,
+            starting: Some((at, t0 + 240_000)),
+            ..Now::default()
+        };
+        step
+    };
+    table
+        .apply(&step(6, 420), t0 + 190_000, |_| w)
+        .expect("step");
+    assert_eq!(table.limit("r", "k", t0 + 190_001), Some(420));
+    assert_eq!(table.window_cap("r", t0 + 190_001), Some(420));
+    table
+        .apply(&step(7, 480), t0 + 200_000, |_| w)
+        .expect("step");
+    assert_eq!(table.limit("r", "k", t0 + 200_001), Some(420));
+    assert_eq!(table.limit("r", "k", t0 + 240_000), Some(200));
 
     // A pod that starts while a grow waits for the boundary takes the value
     // the region began the window with.

@@ -53,6 +53,20 @@ fn remember_window_start(slots: &mut [Slot], old: &[u64], now: Millis, window_ms
     }
 }
 
+/// A grow may take part of itself at once only while this much of the window
+/// is left: the rest then waits for a later round, which near the window's
+/// end would be after the boundary the whole grow could have taken.
+pub const PARTIAL_GROW_BEFORE: f64 = 0.5;
+
+/// What a slot may enforce for the rest of window `w` when its whole grow
+/// does not fit: `limit` less what the `others` may admit, if that is more
+/// than the slot may admit already (`now_use`) and enough of the window is
+/// left ([`PARTIAL_GROW_BEFORE`]).
+fn partial_room(limit: u64, others: u64, now_use: u64, w: &InWindow) -> Option<u64> {
+    let room = limit.checked_sub(others)?;
+    (room > now_use && w.elapsed <= PARTIAL_GROW_BEFORE).then_some(room)
+}
+
 /// Shrink before grow: decreases are published now; increases are granted
 /// only out of `limit − Σ bound` (capacity nobody may still be enforcing),
 /// shared in proportion to what each grower still wants.
@@ -65,7 +79,12 @@ pub fn transition(slots: &mut [Slot], limit: u64, epoch: Epoch) {
 /// window's use known (`in_window`), a shrink the region has not used yet
 /// applies at once (`shrink_now`), and a grow that fits under `L` minus what
 /// every region may still admit this window is `immediate` for the rest of
-/// the window.
+/// the window — the grow of this round, and one of an earlier round of the
+/// window that waited for the boundary when it did not fit then (the
+/// shrink it waited for was applied since). A shrink whose region used
+/// more than the new value's pace steps down at once to what it counted
+/// plus that pace for the rest of the window ([`InWindow::shrink_step`]),
+/// and to the new value at the boundary.
 pub fn transition_tracked(
     slots: &mut [Slot],
     limit: u64,
@@ -76,10 +95,23 @@ pub fn transition_tracked(
     let in_window = in_window.filter(|w| w.regions.len() == slots.len());
     for (i, slot) in slots.iter_mut().enumerate() {
         if slot.target < slot.granted {
+            let old = slot.granted;
             slot.granted = slot.target;
             slot.since = epoch;
             slot.immediate = false;
             slot.shrink_now = in_window.is_some_and(|w| w.may_shrink_now(i, slot.target));
+            if let Some(w) = in_window
+                && !slot.shrink_now
+                && let Some(step) = w.shrink_step(i, slot.target).filter(|s| *s < old)
+            {
+                slot.shrink_now = true;
+                slot.before = step;
+                slot.before_until_ms = w.until_ms;
+            } else if slot.shrink_now && slot.before >= slot.granted {
+                // A step of an earlier round: this shrink goes below it now.
+                slot.before = 0;
+                slot.before_until_ms = 0;
+            }
             slot.now_until_ms = match in_window {
                 Some(w) if slot.shrink_now => w.until_ms,
                 _ => 0,
@@ -121,8 +153,7 @@ pub fn transition_tracked(
                 continue;
             }
             let before = window_use(i, slot);
-            slot.granted += g;
-            slot.bound = slot.bound.max(slot.granted);
+            let mut to = slot.granted + g;
             slot.since = epoch;
             slot.shrink_now = false;
             slot.now_until_ms = 0;
@@ -130,13 +161,58 @@ pub fn transition_tracked(
             if !slot.immediate
                 && let (Some(total), Some(before), Some(w)) = (admissible, before, complete)
             {
-                let after = total - before + before.max(slot.granted);
-                if after <= limit {
-                    admissible = Some(after);
+                let others = total - before;
+                if others + before.max(to) <= limit {
                     slot.immediate = true;
+                } else if let Some(room) = partial_room(limit, others, before, w) {
+                    // Only part of it fits this window: grant that part
+                    // now, the rest in a later round (the next window's).
+                    given -= to - room;
+                    to = room;
+                    slot.immediate = true;
+                }
+                if slot.immediate {
+                    admissible = Some(others + before.max(to));
                     slot.now_until_ms = w.until_ms;
                 }
             }
+            slot.granted = to;
+            slot.bound = slot.bound.max(to);
+        }
+    }
+    // A grow of an earlier round of this window that waited for the
+    // boundary: what every other region may admit now may have room for it
+    // (or part of it) since — the shrink it waited for was applied and
+    // reported. Only when no pod of any region started within the window:
+    // a pod that did reports a count that misses what its region admitted
+    // before it.
+    if let Some(w) = complete.filter(|w| w.settled()) {
+        for i in 0..slots.len() {
+            let slot = slots[i];
+            let waiting = slot.before_until_ms == w.until_ms && slot.granted > slot.before;
+            if !waiting || slot.immediate || slot.shrink_now {
+                continue;
+            }
+            let others: u64 = slots
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .filter_map(|(j, s)| window_use(j, s))
+                .sum();
+            // What the region may admit this window without the grow.
+            let u = w.regions[i].used;
+            let now_use = u.count.max(u.cap).max(slot.before);
+            let to = if others + now_use.max(slot.granted) <= limit {
+                slot.granted
+            } else if let Some(room) = partial_room(limit, others, now_use, w) {
+                room
+            } else {
+                continue;
+            };
+            let slot = &mut slots[i];
+            slot.granted = to;
+            slot.immediate = true;
+            slot.now_until_ms = w.until_ms;
         }
     }
     if let Some(hw) = high_water {

@@ -40,9 +40,10 @@ use common::global::{
 };
 
 const L: u64 = 200;
-/// Two rebalance rounds per window: short enough for ten runs to fit the
-/// test's time, long enough that a window spans more than one round.
-const PERIOD: Duration = Duration::from_secs(4);
+/// The case at half its time scale: L per 10 s with 2 s rounds
+/// there, L per 5 s with 1 s rounds here (five rounds a window either way),
+/// so that ten runs fit the test's time.
+const PERIOD: Duration = Duration::from_secs(5);
 /// World-wide demand: 2 L per period.
 const RATE: u64 = 2 * L / PERIOD.as_secs();
 /// `--skew-margin` as [`World`] starts the coordinators.
@@ -142,7 +143,7 @@ struct Run {
 /// rule-level split (which serves a key without an entry of its own) then
 /// follows one mix for about four windows before each swing, as it would
 /// with one long-lived key. The swing lands at a different point of its
-/// window in each run (0, 0.4, … 3.6 s in).
+/// window in each run (0, 0.5, … 4.5 s in).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn swing_80_20_to_20_80_uses_most_capacity_with_limiters_on_defaults() {
     const RUNS: u64 = 10;
@@ -152,24 +153,24 @@ async fn swing_80_20_to_20_80_uses_most_capacity_with_limiters_on_defaults() {
     let world = World::start_reporting(
         &strict_rule("swing", ""),
         &["mumbai", "hyderabad"],
-        &["2s", "6s", "2s"],
+        &["1s", "3s", "1s"],
         false,
         None,
     )
     .await;
     world.wait_allocated(rule, Duration::from_secs(20)).await;
-    // Left unset, each limiter's report interval is the coordinators': 1 s
-    // for 2 s rounds (its own default, 10 s, is what made demand flap).
+    // Left unset, each limiter's report interval is the coordinators': 0.5 s
+    // for 1 s rounds (its own default, 10 s, is what made demand flap).
     for region in &world.regions {
         let asked = Instant::now();
         loop {
             let interval = limiter_gauge(&region.limiter, "meridian_report_interval_seconds").await;
-            if interval == Some(1.0) {
+            if interval == Some(0.5) {
                 break;
             }
             assert!(
                 asked.elapsed() < Duration::from_secs(10),
-                "{}: report interval {interval:?} s, not the coordinators' 1 s for 2 s rounds",
+                "{}: report interval {interval:?} s, not the coordinators' 0.5 s for 1 s rounds",
                 region.name
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -218,7 +219,7 @@ async fn swing_80_20_to_20_80_uses_most_capacity_with_limiters_on_defaults() {
         let (from, to) = if run % 2 == 0 { (80, 20) } else { (20, 80) };
         let first = next;
         let swing_window = first + BEFORE;
-        let swing_at_us = swing_window * period_us() + (run * 400_000) % period_us();
+        let swing_at_us = swing_window * period_us() + (run * 500_000) % period_us();
         let end = swing_window + AFTER;
         until(first * period_us()).await;
         let load = Load::start(&world, "api", "swing", &key, &split(from));
