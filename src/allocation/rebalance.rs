@@ -253,6 +253,21 @@ impl PartialEq for Candidate {
 
 impl Eq for Candidate {}
 
+/// Each region's pace for a within-window step down
+/// ([`transition_tracked`]): the larger of its demand this round and the
+/// last (`before`, by region name), with headroom. One round's low estimate
+/// is not enough — lumpy costs (LLM tokens) make estimates swing round to
+/// round, and stepping on every low one cut regions that were still asking
+/// (llm-tokens scenario: false rejections 11.9 → 15.2 %); a swing reads low
+/// two rounds running.
+fn paces(before: &BTreeMap<String, f64>, now: &[f64], names: &[&str], config: &Config) -> Vec<f64> {
+    names
+        .iter()
+        .zip(now)
+        .map(|(n, d)| d.max(before.get(*n).copied().unwrap_or(0.0)) * (1.0 + config.headroom))
+        .collect()
+}
+
 #[allow(clippy::too_many_arguments)]
 fn step_rule(
     rule: &mut RuleAllocation,
@@ -270,8 +285,10 @@ fn step_rule(
     // The split.
     load(&rule.split, &names, &mut scratch.slots);
     settle(&mut scratch.slots, view, &names, acked);
+    let mut split_paces = None;
     if let Some(demand) = round.demand {
         demand.rule_totals(&policy.rule, &names, &mut scratch.demand);
+        split_paces = Some(paces(&rule.demand, &scratch.demand, &names, config));
         rule.demand = names
             .iter()
             .zip(&scratch.demand)
@@ -327,6 +344,7 @@ fn step_rule(
         &mut scratch.slots,
         &mut scratch.old,
         Some(&mut rule.high_water),
+        split_paces.as_deref(),
     );
     store(&mut rule.split, &names, &scratch.slots);
 
@@ -392,9 +410,14 @@ fn step_rule(
         // Entries that lost their place head back to the split and are
         // removed once they match it (see below).
         for (key, entry) in keys.iter_mut() {
-            let (target, demand) = match fresh.remove(key) {
-                Some(x) => x,
-                None => (split_targets.clone(), vec![0.0; names.len()]),
+            let (target, demand, paces) = match fresh.remove(key) {
+                Some((t, d)) => {
+                    let p = paces(&entry.demand, &d, &names, config);
+                    (t, d, Some(p))
+                }
+                // Heading back to the split: its own demand is not
+                // measured, so no step.
+                None => (split_targets.clone(), vec![0.0; names.len()], None),
             };
             entry.demand = names
                 .iter()
@@ -404,7 +427,7 @@ fn step_rule(
             load(&entry.shares, &names, &mut scratch.slots);
             settle(&mut scratch.slots, view, &names, acked);
             retarget(&mut scratch.slots, &target, view, limit, config);
-            moves.apply(&mut scratch.slots, &mut scratch.old, None);
+            moves.apply(&mut scratch.slots, &mut scratch.old, None, paces.as_deref());
             store(&mut entry.shares, &names, &scratch.slots);
         }
         for (key, (target, demand)) in fresh {
@@ -426,7 +449,8 @@ fn step_rule(
                 slot.now_until_ms = 0;
             }
             retarget(&mut scratch.slots, &target, view, limit, config);
-            moves.apply(&mut scratch.slots, &mut scratch.old, None);
+            // A new entry: no earlier round to confirm its demand, no step.
+            moves.apply(&mut scratch.slots, &mut scratch.old, None, None);
             store(&mut entry.shares, &names, &scratch.slots);
             keys.insert(key, entry);
         }
@@ -434,7 +458,7 @@ fn step_rule(
         for entry in keys.values_mut() {
             load(&entry.shares, &names, &mut scratch.slots);
             settle(&mut scratch.slots, view, &names, acked);
-            moves.apply(&mut scratch.slots, &mut scratch.old, None);
+            moves.apply(&mut scratch.slots, &mut scratch.old, None, None);
             store(&mut entry.shares, &names, &scratch.slots);
         }
     }

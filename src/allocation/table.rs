@@ -239,7 +239,9 @@ impl Value {
     /// holds, else at the next boundary. A shrink-now only ever lowers the
     /// value in force (what was admitted stays counted; nothing more above
     /// `v` from here on); a step shrink (`starting` above `v`) lowers it to
-    /// the step until the step's boundary, and to `v` from there.
+    /// the step until the step's boundary, and to `v` from there; a step
+    /// grow (`immediate` with `starting` below `v`) raises it to the step
+    /// until that boundary, and to `v` from there.
     fn take(&mut self, v: u64, now: Now, now_ms: Millis, period_ms: Option<u64>) {
         let holds = now.holds(now_ms);
         if holds && now.shrink_now && v <= self.at(now_ms) {
@@ -254,6 +256,15 @@ impl Value {
                     self.next = None;
                 }
             }
+        } else if let Some((step, until)) = now
+            .starting
+            .filter(|(step, until)| holds && now.immediate && *step < v && now_ms < *until)
+        {
+            // A step grow: the part that fits this window now, the whole
+            // from its boundary. It never lowers the value in force.
+            self.settle(now_ms);
+            self.active = self.active.max(step);
+            self.next = Some((v, until));
         } else {
             let immediate = holds && now.immediate;
             self.set(v, now_ms, if immediate { None } else { period_ms });

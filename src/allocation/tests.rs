@@ -898,7 +898,7 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
     };
     let mut slots = m600_h400_to_m300_h700();
     let w = window(use_of(100, 600), use_of(390, 400), true);
-    super::rebalance::transition_tracked(&mut slots, 1000, 2, None, Some(&w));
+    super::rebalance::transition_tracked(&mut slots, 1000, 2, None, Some((&w, None)));
     assert!(slots[0].shrink_now, "M used 100 of the 300 it keeps");
     assert_eq!(slots[0].now_until_ms, 60_000, "for this window only");
     assert_eq!(
@@ -909,7 +909,7 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
     // M acknowledges with its pods at 300: H's grow applies at once.
     slots[0].bound = slots[0].granted;
     let w = window(use_of(130, 300), use_of(400, 400), true);
-    super::rebalance::transition_tracked(&mut slots, 1000, 3, None, Some(&w));
+    super::rebalance::transition_tracked(&mut slots, 1000, 3, None, Some((&w, None)));
     assert_eq!(slots[1].granted, 700);
     assert!(slots[1].immediate && slots[1].now_until_ms == 60_000);
 
@@ -918,7 +918,7 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
     late[1].granted = 400;
     late[1].bound = 400;
     let w = window(use_of(130, 300), use_of(400, 400), false);
-    super::rebalance::transition_tracked(&mut late, 1000, 3, None, Some(&w));
+    super::rebalance::transition_tracked(&mut late, 1000, 3, None, Some((&w, None)));
     assert_eq!(late[1].granted, 700);
     assert!(!late[1].immediate, "an unreported pod may enforce anything");
 
@@ -926,10 +926,10 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
     // shrink waits for the boundary, and what it counted stays reserved.
     let mut used = m600_h400_to_m300_h700();
     let w = window(use_of(450, 600), use_of(390, 400), true);
-    super::rebalance::transition_tracked(&mut used, 1000, 2, None, Some(&w));
+    super::rebalance::transition_tracked(&mut used, 1000, 2, None, Some((&w, None)));
     assert!(!used[0].shrink_now);
     used[0].bound = used[0].granted;
-    super::rebalance::transition_tracked(&mut used, 1000, 3, None, Some(&w));
+    super::rebalance::transition_tracked(&mut used, 1000, 3, None, Some((&w, None)));
     assert_eq!(used[1].granted, 700);
     assert!(
         !used[1].immediate,
@@ -945,7 +945,7 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
         elapsed: 0.25,
         regions: vec![heard(use_of(0, 0), 0), heard(use_of(390, 400), 2)],
     };
-    super::rebalance::transition_tracked(&mut unheard, 1000, 2, None, Some(&w));
+    super::rebalance::transition_tracked(&mut unheard, 1000, 2, None, Some((&w, None)));
     assert!(!unheard[0].shrink_now);
 }
 
@@ -969,33 +969,61 @@ fn within_a_window_a_swing_hands_over_what_fits_at_once() {
         regions: vec![heard(m), heard(h)],
     };
     // M counted 150 a quarter into the window (it ran at 600's pace until
-    // the swing): 300 at once would cut it off early, 600 to the boundary
-    // would keep H from the rest of the window. It steps to 150 + 300 × ¾.
+    // the swing; its demand is 250 a window now): 300 at once would cut it
+    // off early, 600 to the boundary would keep H from the rest of the
+    // window. It steps to 150 + 300 × ¾.
+    let swung = [250.0, 900.0];
     let mut slots = m600_h400_to_m300_h700();
     let w = window(use_of(150, 600), use_of(390, 400));
-    super::rebalance::transition_tracked(&mut slots, 1000, 2, None, Some(&w));
+    super::rebalance::transition_tracked(&mut slots, 1000, 2, None, Some((&w, Some(&swung))));
     assert!(slots[0].shrink_now && slots[0].now_until_ms == 60_000);
     assert_eq!(
         (slots[0].granted, slots[0].before, slots[0].before_until_ms),
         (300, 375, 60_000),
         "375 until the boundary, 300 from it"
     );
+    // Never below the pace of M's own demand: at 400 a window it keeps
+    // 150 + 400 × ¾ = 450; still asking 600 (it lost its share to H's
+    // growth, not its traffic), or with no demand measured, no step.
+    for (paces, step) in [
+        (Some([400.0, 900.0]), Some(450)),
+        (Some([600.0, 900.0]), None),
+        (None, None),
+    ] {
+        let mut s = m600_h400_to_m300_h700();
+        let p = paces.as_ref().map(|p| &p[..]);
+        super::rebalance::transition_tracked(&mut s, 1000, 2, None, Some((&w, p)));
+        let got = (s[0].before_until_ms > 0).then_some(s[0].before);
+        assert_eq!(got, step, "M's demand {paces:?}");
+        assert_eq!(s[0].shrink_now, step.is_some());
+    }
     // A region restarted within the window may have counted less than it
     // admitted: no step.
     let mut restarted = m600_h400_to_m300_h700();
     let mut w_restart = window(use_of(150, 600), use_of(390, 400));
     w_restart.regions[0].settled_since = 5_000;
-    super::rebalance::transition_tracked(&mut restarted, 1000, 2, None, Some(&w_restart));
+    super::rebalance::transition_tracked(
+        &mut restarted,
+        1000,
+        2,
+        None,
+        Some((&w_restart, Some(&swung))),
+    );
     assert!(!restarted[0].shrink_now && restarted[0].before_until_ms == 0);
 
     // M acknowledges with its pods at 375, having counted 160: H may admit
-    // 625 this window, not 700 — it takes the 625 now, the rest later.
+    // 625 this window, not 700 — it takes the 625 now (a step grow) and the
+    // whole 700 from the boundary.
     slots[0].bound = slots[0].granted;
     let w = window(use_of(160, 375), use_of(400, 400));
-    super::rebalance::transition_tracked(&mut slots, 1000, 3, None, Some(&w));
-    assert_eq!(slots[1].granted, 625);
+    super::rebalance::transition_tracked(&mut slots, 1000, 3, None, Some((&w, None)));
+    assert_eq!(
+        (slots[1].granted, slots[1].before, slots[1].before_until_ms),
+        (700, 625, 60_000),
+        "625 until the boundary, 700 from it"
+    );
     assert!(slots[1].immediate && slots[1].now_until_ms == 60_000);
-    // Late in the window the whole grow waits for the boundary instead.
+    // Late in the window too: M may still admit 450, so H 550 now.
     let mut late = m600_h400_to_m300_h700();
     late[0].bound = 300;
     late[0].granted = 300;
@@ -1003,9 +1031,17 @@ fn within_a_window_a_swing_hands_over_what_fits_at_once() {
         elapsed: 0.75,
         ..window(use_of(450, 300), use_of(400, 400))
     };
-    super::rebalance::transition_tracked(&mut late, 1000, 3, None, Some(&w_late));
-    assert_eq!(late[1].granted, 700);
-    assert!(!late[1].immediate);
+    super::rebalance::transition_tracked(&mut late, 1000, 3, None, Some((&w_late, None)));
+    assert_eq!((late[1].granted, late[1].before), (700, 550));
+    assert!(late[1].immediate);
+    // Nothing fits (M may still admit 600): the whole grow waits.
+    let mut full = m600_h400_to_m300_h700();
+    full[0].bound = 300;
+    full[0].granted = 300;
+    let w_full = window(use_of(600, 300), use_of(400, 400));
+    super::rebalance::transition_tracked(&mut full, 1000, 3, None, Some((&w_full, None)));
+    assert_eq!(full[1].granted, 700);
+    assert!(!full[1].immediate);
 
     // A grow that waited for the boundary (M's report still showed its old
     // value): a later round of the window, with M reported at 300 and 200
@@ -1018,7 +1054,7 @@ fn within_a_window_a_swing_hands_over_what_fits_at_once() {
     waiting[1].before = 400;
     waiting[1].before_until_ms = 60_000;
     let w = window(use_of(200, 300), use_of(400, 400));
-    super::rebalance::transition_tracked(&mut waiting, 1000, 4, None, Some(&w));
+    super::rebalance::transition_tracked(&mut waiting, 1000, 4, None, Some((&w, None)));
     assert_eq!(waiting[1].granted, 700);
     assert!(waiting[1].immediate && waiting[1].now_until_ms == 60_000);
     // Not when a pod of a region started within the window.
@@ -1027,7 +1063,7 @@ fn within_a_window_a_swing_hands_over_what_fits_at_once() {
     restarted[1].now_until_ms = 0;
     let mut w = window(use_of(200, 300), use_of(400, 400));
     w.regions[0].settled_since = 10_000;
-    super::rebalance::transition_tracked(&mut restarted, 1000, 4, None, Some(&w));
+    super::rebalance::transition_tracked(&mut restarted, 1000, 4, None, Some((&w, None)));
     assert!(
         !restarted[1].immediate,
         "M's count may miss what it admitted before"
@@ -1104,6 +1140,34 @@ fn the_table_applies_now_flags_only_within_their_window() {
         .expect("step");
     assert_eq!(table.limit("r", "k", t0 + 200_001), Some(420));
     assert_eq!(table.limit("r", "k", t0 + 240_000), Some(200));
+    // A step grow: 350 until its boundary, 600 from there; once the window
+    // it was decided for is over, the whole grow waits for a boundary.
+    let grow = |epoch, until: Millis| {
+        let mut grow = update(epoch, t0 + 600_000, Some(600), vec![]);
+        grow.rules[0].split_now = Now {
+            immediate: true,
+            until_ms: until,
+            starting: Some((350, until)),
+            ..Now::default()
+        };
+        grow
+    };
+    table
+        .apply(&grow(8, t0 + 300_000), t0 + 250_000, |_| w)
+        .expect("step grow");
+    assert_eq!(table.limit("r", "k", t0 + 250_001), Some(350));
+    assert_eq!(table.limit("r", "k", t0 + 300_000), Some(600));
+    let mut late = Table::default();
+    late.apply(
+        &update(1, t0 + 600_000, Some(200), vec![]),
+        t0 + 300_000,
+        |_| w,
+    )
+    .expect("first");
+    late.apply(&grow(2, t0 + 300_000), t0 + 310_000, |_| w)
+        .expect("late step grow");
+    assert_eq!(late.limit("r", "k", t0 + 310_001), Some(200));
+    assert_eq!(late.limit("r", "k", t0 + 360_000), Some(600));
 
     // A pod that starts while a grow waits for the boundary takes the value
     // the region began the window with.

@@ -19,15 +19,19 @@ pub(super) struct Moves<'a> {
 
 impl Moves<'_> {
     /// [`transition_tracked`], then [`remember_window_start`] for what grew.
+    /// `paces`: each region's demand per window for these slots, when this
+    /// round measured it.
     pub(super) fn apply(
         &self,
         slots: &mut [Slot],
         old: &mut Vec<u64>,
         high_water: Option<&mut u64>,
+        paces: Option<&[f64]>,
     ) {
         old.clear();
         old.extend(slots.iter().map(|s| s.granted));
-        transition_tracked(slots, self.limit, self.epoch, high_water, self.in_window);
+        let in_window = self.in_window.map(|w| (w, paces));
+        transition_tracked(slots, self.limit, self.epoch, high_water, in_window);
         remember_window_start(slots, old, self.now_ms, self.window_ms);
     }
 }
@@ -45,7 +49,10 @@ fn remember_window_start(slots: &mut [Slot], old: &[u64], now: Millis, window_ms
             continue;
         }
         if slot.immediate {
-            slot.before_until_ms = 0;
+            // A step grow keeps the part it takes now until the boundary.
+            if slot.before_until_ms != end {
+                slot.before_until_ms = 0;
+            }
         } else if slot.before_until_ms != end {
             slot.before = *old;
             slot.before_until_ms = end;
@@ -53,18 +60,18 @@ fn remember_window_start(slots: &mut [Slot], old: &[u64], now: Millis, window_ms
     }
 }
 
-/// A grow may take part of itself at once only while this much of the window
-/// is left: the rest then waits for a later round, which near the window's
-/// end would be after the boundary the whole grow could have taken.
-pub const PARTIAL_GROW_BEFORE: f64 = 0.5;
+/// A step down within the window frees at least this share of `L`, or it
+/// is not taken: smaller steps moved rejections between contended regions
+/// more than they freed capacity (llm-tokens scenario).
+pub const STEP_SHRINK_FROM: f64 = 0.15;
 
-/// What a slot may enforce for the rest of window `w` when its whole grow
+/// What a slot may enforce for the rest of the window when its whole grow
 /// does not fit: `limit` less what the `others` may admit, if that is more
-/// than the slot may admit already (`now_use`) and enough of the window is
-/// left ([`PARTIAL_GROW_BEFORE`]).
-fn partial_room(limit: u64, others: u64, now_use: u64, w: &InWindow) -> Option<u64> {
+/// than the slot may admit already (`now_use`). The whole grow still
+/// applies from the boundary (a step grow: `before` until then).
+fn partial_room(limit: u64, others: u64, now_use: u64) -> Option<u64> {
     let room = limit.checked_sub(others)?;
-    (room > now_use && w.elapsed <= PARTIAL_GROW_BEFORE).then_some(room)
+    (room > now_use).then_some(room)
 }
 
 /// Shrink before grow: decreases are published now; increases are granted
@@ -72,6 +79,33 @@ fn partial_room(limit: u64, others: u64, now_use: u64, w: &InWindow) -> Option<u
 /// shared in proportion to what each grower still wants.
 pub fn transition(slots: &mut [Slot], limit: u64, epoch: Epoch) {
     transition_tracked(slots, limit, epoch, None, None);
+}
+
+/// Where a shrink of region `i` to `to` steps down within the window, if it
+/// does ([`InWindow::shrink_step`]): never below the pace of the region's
+/// own demand (`paces`, with headroom), so a step frees only what the
+/// region would not use — a region that lost its share to another's growth
+/// but still asks as much (steady contention) keeps it to the boundary,
+/// where a step only moved rejections between regions and cost capacity
+/// (steady scenario: false rejections 0.1 → 0.2 %). No step without a
+/// measured pace: a pace of 0 is a key the region has not reported yet (a
+/// new key's first window, where steps cut regions that were still being
+/// heard from), not a region whose traffic stopped.
+fn step_for(
+    w: &InWindow,
+    paces: Option<&[f64]>,
+    i: usize,
+    to: u64,
+    old: u64,
+    limit: u64,
+) -> Option<u64> {
+    let pace = paces?
+        .get(i)
+        .copied()
+        .filter(|p| p.is_finite() && *p > 0.0)?;
+    let floor = (pace.ceil() as u64).max(to);
+    w.shrink_step(i, floor)
+        .filter(|s| *s < old && (old - *s) as f64 >= STEP_SHRINK_FROM * limit as f64)
 }
 
 /// [`transition`], also tracking the highest Σ bound ever issued: grows that
@@ -84,15 +118,22 @@ pub fn transition(slots: &mut [Slot], limit: u64, epoch: Epoch) {
 /// shrink it waited for was applied since). A shrink whose region used
 /// more than the new value's pace steps down at once to what it counted
 /// plus that pace for the rest of the window ([`InWindow::shrink_step`]),
-/// and to the new value at the boundary.
+/// and to the new value at the boundary — never below the pace of its own
+/// demand (`paces`: each region's demand per window, with headroom, when the
+/// round measured it; see [`step_for`]).
 pub fn transition_tracked(
     slots: &mut [Slot],
     limit: u64,
     epoch: Epoch,
     high_water: Option<&mut u64>,
-    in_window: Option<&InWindow>,
+    in_window: Option<(&InWindow, Option<&[f64]>)>,
 ) {
-    let in_window = in_window.filter(|w| w.regions.len() == slots.len());
+    let paces = in_window
+        .and_then(|(_, p)| p)
+        .filter(|p| p.len() == slots.len());
+    let in_window = in_window
+        .map(|(w, _)| w)
+        .filter(|w| w.regions.len() == slots.len());
     for (i, slot) in slots.iter_mut().enumerate() {
         if slot.target < slot.granted {
             let old = slot.granted;
@@ -102,7 +143,7 @@ pub fn transition_tracked(
             slot.shrink_now = in_window.is_some_and(|w| w.may_shrink_now(i, slot.target));
             if let Some(w) = in_window
                 && !slot.shrink_now
-                && let Some(step) = w.shrink_step(i, slot.target).filter(|s| *s < old)
+                && let Some(step) = step_for(w, paces, i, slot.target, old, limit)
             {
                 slot.shrink_now = true;
                 slot.before = step;
@@ -153,7 +194,7 @@ pub fn transition_tracked(
                 continue;
             }
             let before = window_use(i, slot);
-            let mut to = slot.granted + g;
+            let to = slot.granted + g;
             slot.since = epoch;
             slot.shrink_now = false;
             slot.now_until_ms = 0;
@@ -162,17 +203,22 @@ pub fn transition_tracked(
                 && let (Some(total), Some(before), Some(w)) = (admissible, before, complete)
             {
                 let others = total - before;
-                if others + before.max(to) <= limit {
+                let now = if others + before.max(to) <= limit {
+                    // The whole grow, at once.
+                    slot.before_until_ms = 0;
+                    Some(to)
+                } else if let Some(room) = partial_room(limit, others, before) {
+                    // Only part of it fits this window: that part now, the
+                    // whole from the boundary.
+                    slot.before = room;
+                    slot.before_until_ms = w.until_ms;
+                    Some(room)
+                } else {
+                    None
+                };
+                if let Some(now) = now {
                     slot.immediate = true;
-                } else if let Some(room) = partial_room(limit, others, before, w) {
-                    // Only part of it fits this window: grant that part
-                    // now, the rest in a later round (the next window's).
-                    given -= to - room;
-                    to = room;
-                    slot.immediate = true;
-                }
-                if slot.immediate {
-                    admissible = Some(others + before.max(to));
+                    admissible = Some(others + before.max(now));
                     slot.now_until_ms = w.until_ms;
                 }
             }
@@ -189,8 +235,9 @@ pub fn transition_tracked(
     if let Some(w) = complete.filter(|w| w.settled()) {
         for i in 0..slots.len() {
             let slot = slots[i];
+            // Waiting for the boundary, whole or in part (a step grow).
             let waiting = slot.before_until_ms == w.until_ms && slot.granted > slot.before;
-            if !waiting || slot.immediate || slot.shrink_now {
+            if !waiting || slot.shrink_now {
                 continue;
             }
             let others: u64 = slots
@@ -202,15 +249,14 @@ pub fn transition_tracked(
             // What the region may admit this window without the grow.
             let u = w.regions[i].used;
             let now_use = u.count.max(u.cap).max(slot.before);
-            let to = if others + now_use.max(slot.granted) <= limit {
-                slot.granted
-            } else if let Some(room) = partial_room(limit, others, now_use, w) {
-                room
+            let slot = &mut slots[i];
+            if others + now_use.max(slot.granted) <= limit {
+                slot.before_until_ms = 0;
+            } else if let Some(room) = partial_room(limit, others, now_use) {
+                slot.before = room;
             } else {
                 continue;
-            };
-            let slot = &mut slots[i];
-            slot.granted = to;
+            }
             slot.immediate = true;
             slot.now_until_ms = w.until_ms;
         }
