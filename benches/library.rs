@@ -133,11 +133,23 @@ fn library(c: &mut Criterion) {
         group.bench_function(format!("meridian/handle/{label}/one_key"), |b| {
             b.iter(|| black_box(ready(handle.check("customer-1", 1))))
         });
+        // `try_check`: the same decision with no future, as governor's
+        // `check_key` is called.
+        group.bench_function(format!("meridian/handle/{label}/one_key_sync"), |b| {
+            b.iter(|| black_box(handle.try_check("customer-1", 1)))
+        });
         let mut i = 0;
         group.bench_function(format!("meridian/handle/{label}/1M_keys"), |b| {
             b.iter(|| {
                 i = (i + 1) % MANY_KEYS;
                 black_box(ready(handle.check(&keys[i], 1)))
+            })
+        });
+        let mut i = 0;
+        group.bench_function(format!("meridian/handle/{label}/1M_keys_sync"), |b| {
+            b.iter(|| {
+                i = (i + 1) % MANY_KEYS;
+                black_box(handle.try_check(&keys[i], 1))
             })
         });
         group.bench_function(

@@ -45,7 +45,13 @@ pub fn now_unix_ms() -> i64 {
 /// Now, in Unix microseconds: the unit of the rate-limit algorithms and of
 /// stores that are not told the time.
 pub fn now_unix_us() -> Micros {
-    u64::try_from(since_epoch().as_micros()).unwrap_or(Micros::MAX)
+    // `as_micros` in u64 arithmetic: the same value, saturating where the
+    // u128 one would not fit, without a 128-bit multiply per check.
+    let since = since_epoch();
+    since
+        .as_secs()
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::from(since.subsec_micros()))
 }
 
 /// Now, in Unix nanoseconds: only for stamps that must differ between two

@@ -137,7 +137,7 @@ impl RuleHandle {
     ) -> impl Future<Output = Result<Option<Verdict>, InvalidInput>> + Send + 'a {
         // A small future for the common case: the general path's state
         // machine is hundreds of bytes, moved on every call if inlined.
-        match self.check_in_process(key, cost) {
+        match self.try_check(key, cost) {
             Some(decided) => Either::Left(future::ready(decided)),
             None => Either::Right(Box::pin(self.check_general(key, cost))),
         }
@@ -170,13 +170,13 @@ impl RuleHandle {
         (&self.domain, &self.name)
     }
 
-    /// The fast path, synchronous: `None` when the general path must decide
-    /// (another store, an overridden key, a rule of another shape).
-    fn check_in_process(
-        &self,
-        key: &str,
-        cost: u64,
-    ) -> Option<Result<Option<Verdict>, InvalidInput>> {
+    /// [`RuleHandle::check`] with no future, when the embedded store decides
+    /// the check at once: the same verdict, or `None` when the check must
+    /// take the general path — another store, a key with an override, a
+    /// rule with several limits, a split key, a ban or no limit — and
+    /// `check` must be awaited instead. The cheapest call of the library,
+    /// for synchronous callers; `check` is this plus a ready future.
+    pub fn try_check(&self, key: &str, cost: u64) -> Option<Result<Option<Verdict>, InvalidInput>> {
         let resolved = self.current();
         let Ok(Some(target)) = &resolved.target else {
             return None;
