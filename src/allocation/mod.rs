@@ -250,8 +250,9 @@ pub struct Slot {
     /// what the region enforced when that window began: a pod that starts
     /// before the boundary (a restart, a new pod) holds no old value to keep
     /// and takes this one, so it never takes the grow early. After a step
-    /// shrink (`shrink_now` with `before` above `granted`), the step: what
-    /// the region enforces until that boundary.
+    /// shrink (`shrink_now` with `before` above `granted`) or a step grow
+    /// (`immediate` with `before` below `granted`), the step: what the
+    /// region enforces until that boundary.
     #[serde(default)]
     pub before: u64,
     /// The end of the window `before` is enforced in; 0 when there is none.

@@ -3,7 +3,9 @@
 //! published at once; increases only out of `L − Σ bound`, capacity no
 //! region may still be enforcing, so Σ `bound` ≤ L holds in every epoch.
 //! Within a window whose use every region reported, an unused shrink and a
-//! grow that fits apply at once ([`transition_tracked`]).
+//! grow that fits apply at once, and a swing is handed over in steps (down
+//! to what the shrinking region still needs, up by what fits) until the
+//! boundary ([`transition_tracked`]).
 
 use super::water_fill::water_fill;
 use super::{Epoch, InWindow, Millis, Slot};
@@ -115,7 +117,9 @@ fn step_for(
 /// every region may still admit this window is `immediate` for the rest of
 /// the window — the grow of this round, and one of an earlier round of the
 /// window that waited for the boundary when it did not fit then (the
-/// shrink it waited for was applied since). A shrink whose region used
+/// shrink it waited for was applied since); a grow only part of which fits
+/// takes that part now (`before`, a step grow) and the whole from the
+/// boundary. A shrink whose region used
 /// more than the new value's pace steps down at once to what it counted
 /// plus that pace for the rest of the window ([`InWindow::shrink_step`]),
 /// and to the new value at the boundary — never below the pace of its own
