@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use super::{Allocations, Epoch, Millis, RegionWindow, TOP_UP_JUMP, WindowUse};
+use super::{Allocations, Epoch, Millis, Recent, RegionWindow, TOP_UP_JUMP, WindowUse};
 
 /// Keys one pod reports per global rule, by hits asked; the rest are summed
 /// into a remainder. The coordinator refuses a report with more.
@@ -501,13 +501,25 @@ impl Default for AckTracker {
     }
 }
 
+/// A pod's latest report of one rule's window, and the count it reported
+/// before in the same window (for the region's recent pace).
+#[derive(Debug, Clone)]
+struct UseReport {
+    rule: String,
+    window_start_ms: Millis,
+    used: WindowUse,
+    at_ms: Millis,
+    /// The pace since the pod's previous report of the same window.
+    recent: Option<Recent>,
+}
+
 #[derive(Debug, Clone)]
 struct PodAck {
     region: String,
     epoch: Epoch,
     at_ms: Millis,
-    /// Per rule: the window start and the pod's use of it, latest report.
-    used: Vec<(String, Millis, WindowUse)>,
+    /// Per rule: the pod's use of its current window, latest report.
+    used: Vec<UseReport>,
     /// Heard without a silence longer than `quiet_ms` since then.
     since_ms: Millis,
 }
@@ -564,13 +576,40 @@ impl AckTracker {
         let Some(entry) = self.pods.get_mut(&(region.to_string(), pod.to_string())) else {
             return;
         };
-        match entry.used.iter_mut().find(|(r, _, _)| r == rule) {
-            Some(slot) => {
-                if window_start_ms >= slot.1 {
-                    *slot = (rule.to_string(), window_start_ms, used);
-                }
+        let at_ms = entry.at_ms;
+        let report = UseReport {
+            rule: rule.to_string(),
+            window_start_ms,
+            used,
+            at_ms,
+            recent: None,
+        };
+        match entry.used.iter_mut().find(|u| u.rule == rule) {
+            Some(last) if window_start_ms == last.window_start_ms => {
+                // A later report of the same window: the count's rise since
+                // the last one is the region's pace now. A count that fell
+                // (the pod restarted) has no pace; one heard at the same
+                // moment as the last keeps the last one's.
+                let over_ms = at_ms - last.at_ms;
+                *last = if over_ms > 0 {
+                    UseReport {
+                        recent: used.count.checked_sub(last.used.count).map(|hits| Recent {
+                            hits,
+                            over_ms: over_ms as u64,
+                        }),
+                        ..report
+                    }
+                } else {
+                    UseReport {
+                        at_ms: last.at_ms,
+                        recent: last.recent,
+                        ..report
+                    }
+                };
             }
-            None => entry.used.push((rule.to_string(), window_start_ms, used)),
+            Some(last) if window_start_ms > last.window_start_ms => *last = report,
+            Some(_) => {}
+            None => entry.used.push(report),
         }
     }
 
@@ -591,14 +630,17 @@ impl AckTracker {
             }
             out.live += 1;
             out.settled_since = out.settled_since.max(pod.since_ms);
-            if let Some((_, _, u)) = pod
+            if let Some(u) = pod
                 .used
                 .iter()
-                .find(|(r, start, _)| r == rule && *start == window_start_ms)
+                .find(|u| u.rule == rule && u.window_start_ms == window_start_ms)
             {
                 out.reported += 1;
-                out.used.count = out.used.count.max(u.count);
-                out.used.cap = out.used.cap.max(u.cap);
+                out.used.count = out.used.count.max(u.used.count);
+                out.used.cap = out.used.cap.max(u.used.cap);
+                if let Some(pace) = u.recent {
+                    out.keep_faster(pace);
+                }
             }
         }
         out

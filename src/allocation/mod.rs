@@ -289,6 +289,32 @@ pub struct RegionWindow {
     pub reported: usize,
     /// Since when every live pod has been heard without a long silence.
     pub settled_since: Millis,
+    /// The region's pace since a pod's previous report of this window (the
+    /// fastest of its pods), when one reported twice in it.
+    pub recent: Option<Recent>,
+}
+
+/// What a region admitted between two reports of one pod within a window:
+/// its pace now, where the smoothed demand estimate trails it by rounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recent {
+    /// Hits admitted between the reports (the count's rise).
+    pub hits: u64,
+    /// Time between the reports, as the leader heard them (> 0).
+    pub over_ms: u64,
+}
+
+impl Recent {
+    /// The pace as hits per `window_ms`.
+    pub fn per_window(&self, window_ms: u64) -> f64 {
+        self.hits as f64 * window_ms as f64 / self.over_ms as f64
+    }
+
+    /// Whether this pace is faster than `other`'s.
+    fn faster_than(&self, other: &Recent) -> bool {
+        u128::from(self.hits) * u128::from(other.over_ms)
+            > u128::from(other.hits) * u128::from(self.over_ms)
+    }
 }
 
 impl RegionWindow {
@@ -297,6 +323,13 @@ impl RegionWindow {
     /// anything it was ever sent.)
     pub fn known(&self) -> bool {
         self.live > 0 && self.reported == self.live
+    }
+
+    /// Keeps the faster of the recent pace held and `pace`.
+    pub fn keep_faster(&mut self, pace: Recent) {
+        if self.recent.is_none_or(|r| pace.faster_than(&r)) {
+            self.recent = Some(pace);
+        }
     }
 }
 

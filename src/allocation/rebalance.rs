@@ -254,17 +254,35 @@ impl PartialEq for Candidate {
 impl Eq for Candidate {}
 
 /// Each region's pace for a within-window step down
-/// ([`transition_tracked`]): the larger of its demand this round and the
-/// last (`before`, by region name), with headroom. One round's low estimate
+/// ([`transition_tracked`]), with headroom: what it admitted since its
+/// pods' previous report of this window (`in_window`'s recent pace), where
+/// one was measured — the smoothed estimate trails a swing by rounds (a
+/// real 80 read 322, 140, 98, 85), so a swing early in a window was stepped
+/// too late to hand the window over. Else the larger of its demand this
+/// round and the last (`before`, by region name): one round's low estimate
 /// is not enough — lumpy costs (LLM tokens) make estimates swing round to
 /// round, and stepping on every low one cut regions that were still asking
-/// (llm-tokens scenario: false rejections 11.9 → 15.2 %); a swing reads low
-/// two rounds running.
-fn paces(before: &BTreeMap<String, f64>, now: &[f64], names: &[&str], config: &Config) -> Vec<f64> {
+/// (llm-tokens scenario: false rejections 11.9 → 15.2 %).
+pub(super) fn paces(
+    before: &BTreeMap<String, f64>,
+    now: &[f64],
+    names: &[&str],
+    in_window: Option<&InWindow>,
+    config: &Config,
+) -> Vec<f64> {
+    let window_ms = in_window.map_or(0, |w| (w.until_ms - w.start_ms).max(0) as u64);
     names
         .iter()
         .zip(now)
-        .map(|(n, d)| d.max(before.get(*n).copied().unwrap_or(0.0)) * (1.0 + config.headroom))
+        .enumerate()
+        .map(|(i, (n, d))| {
+            let recent = in_window
+                .filter(|w| w.regions.len() == names.len())
+                .and_then(|w| w.regions[i].recent)
+                .map(|r| r.per_window(window_ms));
+            let pace = recent.unwrap_or_else(|| d.max(before.get(*n).copied().unwrap_or(0.0)));
+            pace * (1.0 + config.headroom)
+        })
         .collect()
 }
 
@@ -282,13 +300,26 @@ fn step_rule(
     let limit = rule.limit;
     let names: Vec<&str> = view.regions.iter().map(|r| r.name.as_str()).collect();
 
+    // Never while a region is lapsed: what it enforces then is decided by
+    // its own clock, not by anything it reported.
+    let in_window = round
+        .in_window
+        .and_then(|w| w.get(&policy.rule))
+        .filter(|_| !view.lapsed.iter().any(|l| *l));
+
     // The split.
     load(&rule.split, &names, &mut scratch.slots);
     settle(&mut scratch.slots, view, &names, acked);
     let mut split_paces = None;
     if let Some(demand) = round.demand {
         demand.rule_totals(&policy.rule, &names, &mut scratch.demand);
-        split_paces = Some(paces(&rule.demand, &scratch.demand, &names, config));
+        split_paces = Some(paces(
+            &rule.demand,
+            &scratch.demand,
+            &names,
+            in_window,
+            config,
+        ));
         rule.demand = names
             .iter()
             .zip(&scratch.demand)
@@ -327,12 +358,6 @@ fn step_rule(
         }
         retarget(&mut scratch.slots, &scratch.target, view, limit, config);
     }
-    // Never while a region is lapsed: what it enforces then is decided by
-    // its own clock, not by anything it reported.
-    let in_window = round
-        .in_window
-        .and_then(|w| w.get(&policy.rule))
-        .filter(|_| !view.lapsed.iter().any(|l| *l));
     let moves = Moves {
         limit,
         epoch,
@@ -412,7 +437,7 @@ fn step_rule(
         for (key, entry) in keys.iter_mut() {
             let (target, demand, paces) = match fresh.remove(key) {
                 Some((t, d)) => {
-                    let p = paces(&entry.demand, &d, &names, config);
+                    let p = paces(&entry.demand, &d, &names, in_window, config);
                     (t, d, Some(p))
                 }
                 // Heading back to the split: its own demand is not

@@ -110,6 +110,69 @@ fn step_for(
         .filter(|s| *s < old && (old - *s) as f64 >= STEP_SHRINK_FROM * limit as f64)
 }
 
+/// A shrink decided in an earlier round of `w`'s window that waits for the
+/// boundary: the region enforces `before` (above `granted`) until then.
+fn waits_shrunk(slot: &Slot, w: &InWindow) -> bool {
+    !slot.shrink_now && enforced_in(slot, w) > slot.granted
+}
+
+/// A shrink of `w`'s window that applies at once (in whole or in a step)
+/// and that every pod of the region holds: the region enforces
+/// [`enforced_in`] for this slot, whatever else it enforces for the rule.
+fn applied_in(slot: &Slot, w: &InWindow) -> bool {
+    slot.shrink_now && slot.now_until_ms == w.until_ms && slot.bound == slot.granted
+}
+
+/// What the region enforces for the rest of `w`'s window: `before` after a
+/// shrink of this window that waits for the boundary or steps down, else
+/// `granted`.
+fn enforced_in(slot: &Slot, w: &InWindow) -> u64 {
+    if !slot.immediate && slot.before_until_ms == w.until_ms && slot.before > slot.granted {
+        slot.before
+    } else {
+        slot.granted
+    }
+}
+
+/// How slot `i`'s shrink to `granted` from `enforced` (what the region
+/// enforces this window) applies within `w`'s window: at once when the
+/// region has not used it yet; in a step down to what it still needs;
+/// else at the boundary — recorded in `before` (the region keeps
+/// `enforced` until then; pods ignore a `before` above the value of a
+/// change that is neither `immediate` nor `shrink_now`), so that a later
+/// round of the window can still step it once the region's pace shows.
+fn shrink_in_window(
+    slot: &mut Slot,
+    w: &InWindow,
+    paces: Option<&[f64]>,
+    i: usize,
+    enforced: u64,
+    limit: u64,
+) {
+    if w.may_shrink_now(i, slot.granted) {
+        slot.shrink_now = true;
+        if slot.before >= slot.granted {
+            // A step or a wait of an earlier round: this shrink goes below
+            // it now.
+            slot.before = 0;
+            slot.before_until_ms = 0;
+        }
+    } else if let Some(step) = step_for(w, paces, i, slot.granted, enforced, limit) {
+        slot.shrink_now = true;
+        slot.before = step;
+        slot.before_until_ms = w.until_ms;
+    } else {
+        // A record of this window (a wait, a step, the value of a grow that
+        // waits) already holds what the region enforces until the boundary.
+        if slot.before_until_ms != w.until_ms && enforced > slot.granted {
+            slot.before = enforced;
+            slot.before_until_ms = w.until_ms;
+        }
+        return;
+    }
+    slot.now_until_ms = w.until_ms;
+}
+
 /// [`transition`], also tracking the highest Σ bound ever issued: grows that
 /// fit under `limit − high_water` are marked `immediate`. With the current
 /// window's use known (`in_window`), a shrink the region has not used yet
@@ -140,36 +203,51 @@ pub fn transition_tracked(
         .filter(|w| w.regions.len() == slots.len());
     for (i, slot) in slots.iter_mut().enumerate() {
         if slot.target < slot.granted {
-            let old = slot.granted;
+            // What the region enforces this window: a shrink of an earlier
+            // round that waits for the boundary still leaves it the value
+            // it had (`before`).
+            let enforced = in_window.map_or(slot.granted, |w| enforced_in(slot, w));
             slot.granted = slot.target;
             slot.since = epoch;
             slot.immediate = false;
-            slot.shrink_now = in_window.is_some_and(|w| w.may_shrink_now(i, slot.target));
-            if let Some(w) = in_window
-                && !slot.shrink_now
-                && let Some(step) = step_for(w, paces, i, slot.target, old, limit)
-            {
-                slot.shrink_now = true;
-                slot.before = step;
-                slot.before_until_ms = w.until_ms;
-            } else if slot.shrink_now && slot.before >= slot.granted {
-                // A step of an earlier round: this shrink goes below it now.
-                slot.before = 0;
-                slot.before_until_ms = 0;
+            slot.shrink_now = false;
+            slot.now_until_ms = 0;
+            if let Some(w) = in_window {
+                shrink_in_window(slot, w, paces, i, enforced, limit);
             }
-            slot.now_until_ms = match in_window {
-                Some(w) if slot.shrink_now => w.until_ms,
-                _ => 0,
-            };
+        } else if let Some(w) =
+            in_window.filter(|w| slot.target == slot.granted && waits_shrunk(slot, w))
+        {
+            // A shrink of an earlier round of this window that waited for
+            // the boundary: the region's pace may have fallen since (the
+            // estimate that held the step back trails a swing by rounds).
+            let enforced = slot.before;
+            shrink_in_window(slot, w, paces, i, enforced, limit);
+            if slot.shrink_now {
+                // Published in this epoch: until the region acknowledges
+                // it, it may still enforce what it had.
+                slot.since = epoch;
+                slot.bound = slot.bound.max(enforced);
+            }
         }
     }
     // What each region may still admit this window: a shrink not yet
     // acknowledged counts at its old value (`bound`).
     let complete = in_window.filter(|w| w.complete());
+    // A pod's `cap` is the most it enforces for any key of the rule; for a
+    // slot whose shrink of this window every pod has applied (acknowledged:
+    // `bound` is back to `granted`), what it enforces for this slot is
+    // known exactly — a key entry's region is not held to the split's
+    // value, or the other way round.
     let window_use = |i: usize, s: &Slot| {
         complete.map(|w| {
             let u = w.regions[i].used;
-            u.count.max(u.cap).max(s.bound).max(s.granted)
+            let held = if applied_in(s, w) {
+                enforced_in(s, w)
+            } else {
+                u.cap
+            };
+            u.count.max(held).max(s.bound).max(s.granted)
         })
     };
     let mut admissible: Option<u64> = complete.map(|_| {

@@ -38,6 +38,7 @@ fn within_a_window_an_unused_shrink_applies_at_once_and_pays_for_an_immediate_gr
         live: 2,
         reported,
         settled_since: 0,
+        recent: None,
     };
     let window = |m: WindowUse, h: WindowUse, complete: bool| InWindow {
         start_ms: 0,
@@ -110,6 +111,7 @@ fn within_a_window_a_swing_hands_over_what_fits_at_once() {
         live: 2,
         reported: 2,
         settled_since: 0,
+        recent: None,
     };
     let window = |m: WindowUse, h: WindowUse| InWindow {
         start_ms: 0,
@@ -142,9 +144,14 @@ fn within_a_window_a_swing_hands_over_what_fits_at_once() {
         let mut s = m600_h400_to_m300_h700();
         let p = paces.as_ref().map(|p| &p[..]);
         super::rebalance::transition_tracked(&mut s, 1000, 2, None, Some((&w, p)));
-        let got = (s[0].before_until_ms > 0).then_some(s[0].before);
+        let got = s[0].shrink_now.then_some(s[0].before);
         assert_eq!(got, step, "M's demand {paces:?}");
-        assert_eq!(s[0].shrink_now, step.is_some());
+        // Without a step the shrink waits for the boundary, and the slot
+        // remembers M keeps 600 until then (for a later round's step).
+        assert_eq!(
+            (s[0].before, s[0].before_until_ms),
+            (step.unwrap_or(600), 60_000)
+        );
     }
     // A region restarted within the window may have counted less than it
     // admitted: no step.
@@ -158,7 +165,8 @@ fn within_a_window_a_swing_hands_over_what_fits_at_once() {
         None,
         Some((&w_restart, Some(&swung))),
     );
-    assert!(!restarted[0].shrink_now && restarted[0].before_until_ms == 0);
+    assert!(!restarted[0].shrink_now);
+    assert_eq!((restarted[0].before, restarted[0].granted), (600, 300));
 
     // M acknowledges with its pods at 375, having counted 160: H may admit
     // 625 this window, not 700 — it takes the 625 now (a step grow) and the
@@ -363,4 +371,239 @@ fn a_region_use_is_complete_only_when_every_live_pod_reported_the_window() {
     let got = acks.region_use("m", "r", 0, 9_000, 5_000);
     assert_eq!((got.used, got.known()), (use_of(50, 300), true));
     assert!(!acks.region_use("x", "r", 0, 9_000, 5_000).known());
+}
+
+/// A region's pace now is the rise of its count between two reports of one
+/// pod within the window — the fastest of its pods — and nothing across a
+/// window's boundary or a count that fell (a pod that restarted).
+#[test]
+fn a_region_pace_is_the_rise_of_its_count_between_two_reports_of_a_window() {
+    let mut acks = AckTracker::default();
+    let report = |acks: &mut AckTracker, pod: &str, at: Millis, start: Millis, count: u64| {
+        acks.record(pod, "m", 3, at);
+        acks.record_use(pod, "m", "r", start, use_of(count, 300));
+    };
+    report(&mut acks, "m-0", 1_000, 0, 40);
+    assert_eq!(acks.region_use("m", "r", 0, 1_000, 5_000).recent, None);
+    report(&mut acks, "m-0", 1_500, 0, 80);
+    let pace = Recent {
+        hits: 40,
+        over_ms: 500,
+    };
+    assert_eq!(
+        acks.region_use("m", "r", 0, 1_500, 5_000).recent,
+        Some(pace)
+    );
+    assert_eq!(pace.per_window(5_000), 400.0);
+    // A slower pod does not hide the faster one's pace; a faster one wins.
+    report(&mut acks, "m-1", 1_100, 0, 50);
+    report(&mut acks, "m-1", 1_600, 0, 60);
+    assert_eq!(
+        acks.region_use("m", "r", 0, 1_600, 5_000).recent,
+        Some(pace)
+    );
+    report(&mut acks, "m-1", 1_700, 0, 100);
+    let faster = Recent {
+        hits: 40,
+        over_ms: 100,
+    };
+    assert_eq!(
+        acks.region_use("m", "r", 0, 1_700, 5_000).recent,
+        Some(faster)
+    );
+    // A report heard at the same moment keeps the pace; a count that fell
+    // has none.
+    report(&mut acks, "m-1", 1_700, 0, 101);
+    assert_eq!(
+        acks.region_use("m", "r", 0, 1_700, 5_000).recent,
+        Some(faster)
+    );
+    report(&mut acks, "m-1", 2_000, 0, 3);
+    assert_eq!(
+        acks.region_use("m", "r", 0, 2_000, 5_000).recent,
+        Some(pace)
+    );
+    // The next window starts without a pace until a pod reports it twice.
+    report(&mut acks, "m-0", 5_100, 5_000, 5);
+    report(&mut acks, "m-1", 5_200, 5_000, 9);
+    assert_eq!(acks.region_use("m", "r", 5_000, 5_200, 5_000).recent, None);
+}
+
+/// A step down is floored at the region's pace now where a pod measured it
+/// (the smoothed estimate trails a swing by rounds: a region whose demand
+/// fell to 80 a window still read 322, then 140), else at the larger of two
+/// rounds' estimates; with headroom either way.
+#[test]
+fn a_step_is_floored_at_the_pace_now_where_measured_else_two_rounds_estimates() {
+    let config = Config {
+        headroom: 0.1,
+        ..Config::default()
+    };
+    let names = ["m", "h"];
+    let before: BTreeMap<String, f64> = [("m".to_string(), 322.0), ("h".to_string(), 80.0)].into();
+    let now = [140.0, 320.0];
+    let region = |recent: Option<Recent>| RegionWindow {
+        used: use_of(40, 160),
+        live: 1,
+        reported: 1,
+        settled_since: 0,
+        recent,
+    };
+    let mut w = InWindow {
+        start_ms: 0,
+        until_ms: 5_000,
+        elapsed: 0.2,
+        regions: vec![region(None), region(None)],
+    };
+    let paces = |w: Option<&InWindow>| super::rebalance::paces(&before, &now, &names, w, &config);
+    let close = |got: Vec<f64>, want: [f64; 2]| {
+        assert!(
+            got.iter().zip(want).all(|(g, w)| (g - w).abs() < 1e-9),
+            "{got:?} != {want:?}"
+        );
+    };
+    close(paces(None), [322.0 * 1.1, 320.0 * 1.1]);
+    close(paces(Some(&w)), [322.0 * 1.1, 320.0 * 1.1]);
+    w.regions[0].recent = Some(Recent {
+        hits: 8,
+        over_ms: 500,
+    });
+    close(paces(Some(&w)), [80.0 * 1.1, 320.0 * 1.1]);
+}
+
+/// A shrink that waited for the boundary — its region still ran at its old
+/// share's pace when the round decided it — steps down in a later round of
+/// the same window once the region's pace shows its demand fell, and is
+/// left alone in the next window (the boundary applied it).
+#[test]
+fn a_shrink_that_waited_steps_down_in_a_later_round_once_the_pace_falls() {
+    let window = |start: Millis, elapsed: f64, m: WindowUse| InWindow {
+        start_ms: start,
+        until_ms: start + 60_000,
+        elapsed,
+        regions: [m, use_of(390, 400)]
+            .map(|used| RegionWindow {
+                used,
+                live: 1,
+                reported: 1,
+                settled_since: 0,
+                recent: None,
+            })
+            .to_vec(),
+    };
+    let mut slots = m600_h400_to_m300_h700();
+    let first = window(0, 0.25, use_of(150, 600));
+    super::rebalance::transition_tracked(
+        &mut slots,
+        1000,
+        2,
+        None,
+        Some((&first, Some(&[600.0, 900.0]))),
+    );
+    assert!(!slots[0].shrink_now, "M still ran at 600's pace");
+    assert_eq!(
+        (slots[0].granted, slots[0].before, slots[0].before_until_ms),
+        (300, 600, 60_000)
+    );
+    let waited = slots;
+
+    // Half the window gone, M counted 260 (more than 300's pace allows for
+    // a shrink at once) and runs at 220 a window now: it steps to
+    // 260 + 300 × ½ = 410 until the boundary.
+    slots[0].bound = slots[0].granted;
+    let later = window(0, 0.5, use_of(260, 600));
+    super::rebalance::transition_tracked(
+        &mut slots,
+        1000,
+        3,
+        None,
+        Some((&later, Some(&[220.0, 900.0]))),
+    );
+    assert!(slots[0].shrink_now);
+    assert_eq!(
+        (slots[0].granted, slots[0].before, slots[0].now_until_ms),
+        (300, 410, 60_000)
+    );
+    assert_eq!(
+        (slots[0].since, slots[0].bound),
+        (3, 600),
+        "published now: M counts at 600 until it acknowledges the step"
+    );
+
+    // Still at its old pace: it keeps waiting.
+    let mut still = waited;
+    super::rebalance::transition_tracked(
+        &mut still,
+        1000,
+        3,
+        None,
+        Some((&later, Some(&[600.0, 900.0]))),
+    );
+    assert_eq!(still[0], waited[0]);
+
+    // In the next window the boundary applied the shrink: nothing waits.
+    let mut next = waited;
+    let after = window(60_000, 0.25, use_of(20, 300));
+    super::rebalance::transition_tracked(
+        &mut next,
+        1000,
+        3,
+        None,
+        Some((&after, Some(&[50.0, 900.0]))),
+    );
+    assert!(!next[0].shrink_now);
+    assert_eq!((next[0].granted, next[0].before_until_ms), (300, 60_000));
+}
+
+/// A pod's cap is the most it enforces for any key of the rule (the split
+/// may hold more than a key's entry): once every pod of M applied its
+/// step (acknowledged), H's waiting grow takes L less M's step, not less
+/// M's cap.
+#[test]
+fn an_applied_step_counts_at_its_own_value_not_the_rules_largest() {
+    let region = |used: WindowUse| RegionWindow {
+        used,
+        live: 1,
+        reported: 1,
+        settled_since: 0,
+        recent: None,
+    };
+    let w = InWindow {
+        start_ms: 0,
+        until_ms: 60_000,
+        elapsed: 0.5,
+        regions: vec![region(use_of(260, 600)), region(use_of(390, 400))],
+    };
+    let stepped = Slot {
+        granted: 300,
+        bound: 300,
+        target: 300,
+        shrink_now: true,
+        now_until_ms: 60_000,
+        before: 410,
+        before_until_ms: 60_000,
+        ..Slot::default()
+    };
+    let waiting = Slot {
+        granted: 700,
+        bound: 700,
+        target: 700,
+        before: 400,
+        before_until_ms: 60_000,
+        ..Slot::default()
+    };
+    let mut slots = [stepped, waiting];
+    super::rebalance::transition_tracked(&mut slots, 1000, 5, None, Some((&w, None)));
+    assert!(slots[1].immediate);
+    assert_eq!((slots[1].before, slots[1].granted), (590, 700));
+    // Not yet acknowledged: M may still enforce its cap.
+    let mut unacked = [
+        Slot {
+            bound: 600,
+            ..stepped
+        },
+        waiting,
+    ];
+    super::rebalance::transition_tracked(&mut unacked, 1000, 5, None, Some((&w, None)));
+    assert_eq!(unacked[1], waiting);
 }
