@@ -266,7 +266,11 @@ impl Value {
             self.active = self.active.max(step);
             self.next = Some((v, until));
         } else {
-            let immediate = holds && now.immediate;
+            // An immediate change raises; one below the value in force (a
+            // key entry made from a split that steps down) waits for the
+            // boundary like any other, or it would cut off what the region
+            // already counted.
+            let immediate = holds && now.immediate && v >= self.at(now_ms);
             self.set(v, now_ms, if immediate { None } else { period_ms });
         }
     }

@@ -607,3 +607,46 @@ fn an_applied_step_counts_at_its_own_value_not_the_rules_largest() {
     super::rebalance::transition_tracked(&mut unacked, 1000, 5, None, Some((&w, None)));
     assert_eq!(unacked[1], waiting);
 }
+
+/// Found by the real swing test: a key entry created within a window from
+/// a split that steps down (its region holds 115 this window, 40 from the
+/// boundary) arrived as an immediate grow 40 → 43 — and the pod, which
+/// held the key at the split's 115, lowered it to 43 at once, cutting off
+/// a region that had counted 50. An immediate change raises; a lower
+/// value waits for the boundary (what the centre counts meanwhile is the
+/// pods' reported cap).
+#[test]
+fn an_immediate_change_never_lowers_the_value_in_force() {
+    let w: Option<u64> = Some(60_000);
+    let t0: Millis = 1_800_000_000_000; // a minute boundary
+    let mut table = Table::default();
+    let mut first = update(1, t0 + 600_000, Some(159), vec![]);
+    first.full = true;
+    table.apply(&first, t0, |_| w).expect("first");
+    let mut step = update(2, t0 + 600_000, Some(40), vec![]);
+    step.rules[0].split_now = Now {
+        shrink_now: true,
+        until_ms: t0 + 60_000,
+        starting: Some((115, t0 + 60_000)),
+        ..Now::default()
+    };
+    table.apply(&step, t0 + 11_000, |_| w).expect("step");
+    assert_eq!(table.limit("r", "k", t0 + 11_001), Some(115));
+    let mut entry = update(3, t0 + 600_000, None, vec![("k", Some(43))]);
+    entry.rules[0].keys_now = vec![(
+        "k".to_string(),
+        Now {
+            immediate: true,
+            until_ms: t0 + 60_000,
+            ..Now::default()
+        },
+    )];
+    table.apply(&entry, t0 + 11_500, |_| w).expect("entry");
+    assert_eq!(table.limit("r", "k", t0 + 11_501), Some(115));
+    assert_eq!(table.limit("r", "k", t0 + 60_000), Some(43));
+    // A raise still applies at once.
+    let mut raise = update(4, t0 + 600_000, None, vec![("k", Some(150))]);
+    raise.rules[0].keys_now = entry.rules[0].keys_now.clone();
+    table.apply(&raise, t0 + 12_000, |_| w).expect("raise");
+    assert_eq!(table.limit("r", "k", t0 + 12_001), Some(150));
+}
