@@ -16,11 +16,13 @@
 //!   at its start; before the step shrink a swing early in a window left the
 //!   shrinking region on its old share to the boundary (it had run at that
 //!   share's pace until the swing) and the window admitted 76 % of L. The
-//!   step is floored at the pace of the region's own demand over two rounds
-//!   (a step on every low estimate cost the simulator's steady and
-//!   llm-tokens scenarios), so a swing half a second into its window —
-//!   the estimate still falling two rounds later — is the run still short:
-//!   74–75 % of L in its swing window in two sittings, every other run ≥ 86 %.
+//!   step was then floored at the smoothed demand estimate, which trails a
+//!   swing by rounds, so a swing half a second into its window left 73 % of
+//!   L in its swing window; it is floored at the pace between two reports
+//!   now, and a shrink that waited is looked at again in later rounds. The
+//!   last hole: a key entry made from a split that stepped down reached the
+//!   pods as an immediate change below the step and cut the shrinking
+//!   region off (68 % of L) — pods no longer lower a value on one.
 //! - Every limiter of one region killed with SIGKILL under load: once the
 //!   dead region's lease and its `fallback_hold` have run out, the other
 //!   region is granted the capacity it freed, and the world still never
