@@ -116,13 +116,6 @@ fn waits_shrunk(slot: &Slot, w: &InWindow) -> bool {
     !slot.shrink_now && enforced_in(slot, w) > slot.granted
 }
 
-/// A shrink of `w`'s window that applies at once (in whole or in a step)
-/// and that every pod of the region holds: the region enforces
-/// [`enforced_in`] for this slot, whatever else it enforces for the rule.
-fn applied_in(slot: &Slot, w: &InWindow) -> bool {
-    slot.shrink_now && slot.now_until_ms == w.until_ms && slot.bound == slot.granted
-}
-
 /// What the region enforces for the rest of `w`'s window: `before` after a
 /// shrink of this window that waits for the boundary or steps down, else
 /// `granted`.
@@ -234,20 +227,10 @@ pub fn transition_tracked(
     // What each region may still admit this window: a shrink not yet
     // acknowledged counts at its old value (`bound`).
     let complete = in_window.filter(|w| w.complete());
-    // A pod's `cap` is the most it enforces for any key of the rule; for a
-    // slot whose shrink of this window every pod has applied (acknowledged:
-    // `bound` is back to `granted`), what it enforces for this slot is
-    // known exactly — a key entry's region is not held to the split's
-    // value, or the other way round.
     let window_use = |i: usize, s: &Slot| {
         complete.map(|w| {
             let u = w.regions[i].used;
-            let held = if applied_in(s, w) {
-                enforced_in(s, w)
-            } else {
-                u.cap
-            };
-            u.count.max(held).max(s.bound).max(s.granted)
+            u.count.max(u.cap).max(s.bound).max(s.granted)
         })
     };
     let mut admissible: Option<u64> = complete.map(|_| {

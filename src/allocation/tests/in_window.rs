@@ -555,59 +555,6 @@ fn a_shrink_that_waited_steps_down_in_a_later_round_once_the_pace_falls() {
     assert_eq!((next[0].granted, next[0].before_until_ms), (300, 60_000));
 }
 
-/// A pod's cap is the most it enforces for any key of the rule (the split
-/// may hold more than a key's entry): once every pod of M applied its
-/// step (acknowledged), H's waiting grow takes L less M's step, not less
-/// M's cap.
-#[test]
-fn an_applied_step_counts_at_its_own_value_not_the_rules_largest() {
-    let region = |used: WindowUse| RegionWindow {
-        used,
-        live: 1,
-        reported: 1,
-        settled_since: 0,
-        recent: None,
-    };
-    let w = InWindow {
-        start_ms: 0,
-        until_ms: 60_000,
-        elapsed: 0.5,
-        regions: vec![region(use_of(260, 600)), region(use_of(390, 400))],
-    };
-    let stepped = Slot {
-        granted: 300,
-        bound: 300,
-        target: 300,
-        shrink_now: true,
-        now_until_ms: 60_000,
-        before: 410,
-        before_until_ms: 60_000,
-        ..Slot::default()
-    };
-    let waiting = Slot {
-        granted: 700,
-        bound: 700,
-        target: 700,
-        before: 400,
-        before_until_ms: 60_000,
-        ..Slot::default()
-    };
-    let mut slots = [stepped, waiting];
-    super::rebalance::transition_tracked(&mut slots, 1000, 5, None, Some((&w, None)));
-    assert!(slots[1].immediate);
-    assert_eq!((slots[1].before, slots[1].granted), (590, 700));
-    // Not yet acknowledged: M may still enforce its cap.
-    let mut unacked = [
-        Slot {
-            bound: 600,
-            ..stepped
-        },
-        waiting,
-    ];
-    super::rebalance::transition_tracked(&mut unacked, 1000, 5, None, Some((&w, None)));
-    assert_eq!(unacked[1], waiting);
-}
-
 /// Found by the real swing test: a key entry created within a window from
 /// a split that steps down (its region holds 115 this window, 40 from the
 /// boundary) arrived as an immediate grow 40 → 43 — and the pod, which
