@@ -16,7 +16,7 @@ seconds=${1:-30}
 for bin in chromium curl python3 redis-server; do
   command -v "$bin" >/dev/null || { echo "$bin not found: apt-get install -y chromium curl python3 redis-server" >&2; exit 1; }
 done
-cargo build --release --quiet --bin meridian
+cargo build --profile dist --quiet --bin meridian
 dir=$(mktemp -d)
 browsers=()
 cleanup() {
@@ -25,7 +25,7 @@ cleanup() {
   rm -rf "$dir"
 }
 trap cleanup EXIT
-target/release/meridian demo --rebalance-interval 1s --shift-every 20s --for $((seconds * 3 + 60))s >"$dir/demo.out" 2>&1 &
+target/dist/meridian demo --rebalance-interval 1s --shift-every 20s --for $((seconds * 3 + 60))s >"$dir/demo.out" 2>&1 &
 demo_pid=$!
 until grep -q "dashboard:" "$dir/demo.out" 2>/dev/null; do sleep 0.2; done
 url=$(awk '/dashboard:/ {print $2}' "$dir/demo.out")

@@ -21,8 +21,8 @@ scripts=src/store/redis/scripts
 for bin in redis-server redis-cli redis-benchmark python3; do
   command -v "$bin" >/dev/null || { echo "$bin not found: apt-get install -y redis-server redis-tools python3" >&2; exit 1; }
 done
-cargo build --release --quiet --bin meridian
-meridian=target/release/meridian
+cargo build --profile dist --quiet --bin meridian
+meridian=target/dist/meridian
 limiter_bin=${MERIDIAN:-$meridian}
 
 dir=$(mktemp -d)

@@ -17,8 +17,8 @@ shift 2 || shift $# || true
 for bin in redis-server redis-cli python3; do
   command -v "$bin" >/dev/null || { echo "$bin not found: apt-get install -y redis-server python3" >&2; exit 1; }
 done
-cargo build --release --quiet --bin meridian
-meridian=${CARGO_TARGET_DIR:-target}/release/meridian
+cargo build --profile dist --quiet --bin meridian
+meridian=${CARGO_TARGET_DIR:-target}/dist/meridian
 
 dir=$(mktemp -d)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

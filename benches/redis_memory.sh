@@ -15,9 +15,9 @@ for bin in redis-server redis-cli python3; do
   command -v "$bin" >/dev/null || { echo "$bin not found: apt-get install -y redis-server redis-tools python3" >&2; exit 1; }
 done
 if [ -z "${MERIDIAN:-}" ]; then
-  cargo build --release --quiet --bin meridian
+  cargo build --profile dist --quiet --bin meridian
 fi
-meridian=${MERIDIAN:-target/release/meridian}
+meridian=${MERIDIAN:-target/dist/meridian}
 
 dir=$(mktemp -d)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

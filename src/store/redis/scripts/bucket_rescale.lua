@@ -15,3 +15,11 @@ local function rescaled_level(st, level, last_tick, now, unit, tick_us, refill, 
   local rate = math.min(last_refill / (last_unit * last_tick_us), refill / (unit * tick_us))
   return math.max(0, level / last_unit + sign * elapsed_us * rate)
 end
+
+-- Whether the hash already records this scale (`u`, `d`, `r`), so that a
+-- write need only carry the level and tick: five fewer arguments for Redis
+-- to parse on every allowed check. A hash that does not record all three (a
+-- new key, or one written before scales were kept) gets the full write.
+local function same_scale(st, unit, tick_us, refill)
+  return tonumber(st[3]) == unit and tonumber(st[4]) == tick_us and tonumber(st[5]) == refill
+end

@@ -37,7 +37,11 @@ end
 local reset = until_tick(tick + ceil_div(level, refill))
 -- A converted backlog is kept even when denied: drain goes on at the new rate.
 if (allowed == 1 and not dry) or rescaled then
-  redis.call('HSET', key, 'b', int(level), 'k', int(tick), 'u', int(unit), 'd', int(tick_us), 'r', int(refill))
+  if same_scale(st, unit, tick_us, refill) then
+    redis.call('HSET', key, 'b', int(level), 'k', int(tick))
+  else
+    redis.call('HSET', key, 'b', int(level), 'k', int(tick), 'u', int(unit), 'd', int(tick_us), 'r', int(refill))
+  end
   expire(key, reset)
 end
 -- A backlog from a larger old burst may exceed the new one: 0 left, not less.

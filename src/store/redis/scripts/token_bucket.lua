@@ -35,7 +35,11 @@ end
 local reset = until_tick(tick + ceil_div(capacity - tokens, refill))
 -- A converted level is kept even when denied: refill goes on at the new rate.
 if (allowed == 1 and not dry) or rescaled then
-  redis.call('HSET', key, 't', int(tokens), 'k', int(tick), 'u', int(unit), 'd', int(tick_us), 'r', int(refill))
+  if same_scale(st, unit, tick_us, refill) then
+    redis.call('HSET', key, 't', int(tokens), 'k', int(tick))
+  else
+    redis.call('HSET', key, 't', int(tokens), 'k', int(tick), 'u', int(unit), 'd', int(tick_us), 'r', int(refill))
+  end
   expire(key, reset)
 end
 return allowed, limit, math.floor(tokens / unit), reset, retry, 0
