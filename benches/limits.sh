@@ -20,20 +20,9 @@ done
 cargo build --profile dist --quiet --bin meridian
 meridian=${CARGO_TARGET_DIR:-target}/dist/meridian
 
-dir=$(mktemp -d)
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-port=$(free_port)
-redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" --daemonize yes \
-  --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" >/dev/null
 limiter_pid=""
-cleanup() {
-  [ -n "$limiter_pid" ] && kill "$limiter_pid" 2>/dev/null
-  kill "$(cat "$dir/redis.pid")" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
-redis="redis://127.0.0.1:$port"
+on_exit() { [ -z "$limiter_pid" ] || kill "$limiter_pid" 2>/dev/null; }
+source benches/scratch_redis.sh
 
 # Limits high enough that every check reaches Redis and is admitted.
 cat > "$dir/rules.yaml" <<'YAML'

@@ -2,7 +2,8 @@
 # Pipelined throughput of each Meridian Lua script on a local redis-server,
 # with the Redis commands and Redis CPU each check costs, beside plain INCR
 # and a bare `EVALSHA return 1` on the same server: the floor a script can
-# reach and the ceiling a regional limiter pod is measured against. Starts its own redis-server on a free port and stops it.
+# reach and the ceiling a regional limiter pod is measured against. Starts
+# its own redis-server on a free port and stops it.
 #
 # Usage: benches/lua_scripts.sh [requests=200000] [pipeline=32] [clients=8]
 set -euo pipefail
@@ -14,12 +15,7 @@ for bin in redis-server redis-cli redis-benchmark; do
   command -v "$bin" >/dev/null || { echo "$bin not found: apt-get install -y redis-server redis-tools" >&2; exit 1; }
 done
 
-dir=$(mktemp -d)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" --daemonize yes \
-  --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" >/dev/null
-trap 'kill "$(cat "$dir/redis.pid")" 2>/dev/null; rm -rf "$dir"' EXIT
-until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
+source benches/scratch_redis.sh
 
 # ARGV as RedisStore sends it for one check (see scripts/prelude.lua): "" = use
 # the server clock, limit 1,000,000 per 60 s (the log: 100,000), then tick, unit,

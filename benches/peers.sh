@@ -38,15 +38,10 @@ if [ -z "$limitador" ]; then
   limitador="$LIMITADOR_SRC/target/release/limitador-server"
 fi
 [ -x "$limitador" ] || { echo "no limitador-server at $limitador" >&2; exit 1; }
-echo "==> building meridian (release)" >&2
+echo "==> building meridian (dist profile)" >&2
 cargo build --profile dist --quiet --bin meridian
 meridian=target/dist/meridian
 
-dir=$(mktemp -d)
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-port=$(free_port)
-redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" --daemonize yes \
-  --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" >/dev/null
 server_pid=""
 stop_server() {
   if [ -n "$server_pid" ]; then
@@ -55,14 +50,8 @@ stop_server() {
     server_pid=""
   fi
 }
-cleanup() {
-  stop_server
-  kill "$(cat "$dir/redis.pid")" 2>/dev/null || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
-redis="redis://127.0.0.1:$port"
+on_exit() { stop_server; }
+source benches/scratch_redis.sh
 
 cat > "$dir/meridian.yaml" <<'YAML'
 domain: bench
