@@ -64,6 +64,33 @@ impl Region {
 pub struct World {
     pub cluster: Cluster,
     pub regions: Vec<Region>,
+    /// Declared last, so released after every process has stopped.
+    _machine: Machine,
+}
+
+/// A world's hold on the test machine. Worlds measure timing (leases,
+/// rounds, propagation) on 2 shared cores, so a world that loads the
+/// machine for many seconds (a 100,000-row import) runs alone: it waits
+/// for the worlds running beside it to end, and the next ones wait for it.
+/// One world per test, so a test never waits on itself.
+enum Machine {
+    Shared(#[allow(dead_code)] tokio::sync::OwnedRwLockReadGuard<()>),
+    Alone(#[allow(dead_code)] tokio::sync::OwnedRwLockWriteGuard<()>),
+}
+
+impl Machine {
+    fn lock() -> Arc<tokio::sync::RwLock<()>> {
+        static LOCK: std::sync::OnceLock<Arc<tokio::sync::RwLock<()>>> = std::sync::OnceLock::new();
+        Arc::clone(LOCK.get_or_init(Default::default))
+    }
+
+    async fn shared() -> Machine {
+        Machine::Shared(Machine::lock().read_owned().await)
+    }
+
+    async fn alone() -> Machine {
+        Machine::Alone(Machine::lock().write_owned().await)
+    }
 }
 
 /// Domain `api`, one global fixed-window rule `fw` of `limit` per 4 s,
@@ -149,6 +176,33 @@ impl World {
         tls: bool,
         report_interval: Option<&str>,
     ) -> World {
+        let machine = Machine::shared().await;
+        World::build(machine, rules, regions, timings, tls, report_interval).await
+    }
+
+    /// [`World::start`] for a test that loads the machine for many seconds:
+    /// it runs with no other world beside it ([`Machine`]).
+    pub async fn start_alone(rules: &str, regions: &[&str]) -> World {
+        let machine = Machine::alone().await;
+        World::build(
+            machine,
+            rules,
+            regions,
+            &["2s", "6s", "2s"],
+            false,
+            Some("1s"),
+        )
+        .await
+    }
+
+    async fn build(
+        machine: Machine,
+        rules: &str,
+        regions: &[&str],
+        timings: &[&str; 3],
+        tls: bool,
+        report_interval: Option<&str>,
+    ) -> World {
         let options = Options {
             tls,
             extra_args: [
@@ -191,6 +245,7 @@ impl World {
         let mut world = World {
             cluster,
             regions: Vec::new(),
+            _machine: machine,
         };
         for name in regions {
             let redis = RedisServer::start();
