@@ -278,7 +278,7 @@ impl Engine {
         }
         let store = self.store.in_process()?;
         let started = metrics.timed().then(Instant::now);
-        let now = crate::clock::now_unix_us();
+        let now = crate::clock::now_unix_us_fast();
         let decided = match cost {
             0 => store.peek_at(limit, key, now),
             _ => store.check_at(limit, key, cost, now),

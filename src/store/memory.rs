@@ -503,7 +503,7 @@ impl Store for MemoryStore {
             limit,
             key,
             cost,
-            now.unwrap_or_else(crate::clock::now_unix_us),
+            now.unwrap_or_else(crate::clock::now_unix_us_fast),
         )?)
     }
 
@@ -513,7 +513,11 @@ impl Store for MemoryStore {
         key: &str,
         now: Option<Micros>,
     ) -> Result<Decision, StoreError> {
-        Ok(self.peek_at(limit, key, now.unwrap_or_else(crate::clock::now_unix_us))?)
+        Ok(self.peek_at(
+            limit,
+            key,
+            now.unwrap_or_else(crate::clock::now_unix_us_fast),
+        )?)
     }
 
     async fn clear(&self, counters: &Counters<'_>, now: Option<Micros>) -> Result<u64, StoreError> {
