@@ -64,7 +64,8 @@ pub fn now_unix_us() -> Micros {
 /// [`REANCHOR_US`], so an NTP slew (at most 500 ppm) moves it by at most
 /// 50 µs and a stepped clock is followed within that period. Where the
 /// counter is not reliable, `quanta` reads the OS's monotonic clock instead.
-/// Two threads may see the offset change in between their reads: a decision
+/// The first read in a process calibrates the counter (about 0.6 ms here,
+/// once). Two threads may see the offset change in between their reads: a decision
 /// already takes `now` from before its shard lock, so the algorithms see
 /// times slightly out of order across threads either way.
 pub fn now_unix_us_fast() -> Micros {

@@ -22,6 +22,11 @@ use super::proxy::Proxy;
 /// Coordinator timings for tests: rebalance every 2 s, leases of 6 s.
 pub const REBALANCE: Duration = Duration::from_secs(2);
 pub const LEASE: Duration = Duration::from_secs(6);
+/// The coordinators' timings [`World::start`] gives, as flags: rebalance
+/// interval, lease, suspect-after.
+const TIMINGS: [&str; 3] = ["2s", "6s", "2s"];
+/// The limiters' `--report-interval` unless a test says otherwise.
+const REPORT_INTERVAL: &str = "1s";
 
 pub struct Region {
     pub name: String,
@@ -152,7 +157,7 @@ impl World {
     /// Starts the coordinators, puts `rules`, then starts one Redis and one
     /// limiter per region.
     pub async fn start(rules: &str, regions: &[&str]) -> World {
-        World::start_with(rules, regions, &["2s", "6s", "2s"]).await
+        World::start_with(rules, regions, &TIMINGS).await
     }
 
     /// `timings`: rebalance interval, lease, suspect-after.
@@ -163,7 +168,7 @@ impl World {
     /// [`World::start_with`], over mutual TLS when `tls` (every process
     /// with its own certificate from one CA), else `--insecure`.
     pub async fn start_as(rules: &str, regions: &[&str], timings: &[&str; 3], tls: bool) -> World {
-        World::start_reporting(rules, regions, timings, tls, Some("1s")).await
+        World::start_reporting(rules, regions, timings, tls, Some(REPORT_INTERVAL)).await
     }
 
     /// [`World::start_as`] with the limiters' `--report-interval` given as
@@ -188,9 +193,9 @@ impl World {
             machine,
             rules,
             regions,
-            &["2s", "6s", "2s"],
+            &TIMINGS,
             false,
-            Some("1s"),
+            Some(REPORT_INTERVAL),
         )
         .await
     }
