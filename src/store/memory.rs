@@ -9,6 +9,7 @@ use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 use metrics::counter;
 
+use super::huge_pages::HugePages;
 use super::{Counters, Limit, Store, StoreError, key};
 use crate::algorithm::{Algorithm, Decision, DenyReason, InvalidInput, KeyState, Micros, precheck};
 
@@ -42,8 +43,9 @@ pub struct MemoryStore {
 #[derive(Default)]
 struct Shard {
     /// Keyed by the hash of a [`StateId`]; the rule and key are in the entry,
-    /// so a hit builds, formats and allocates nothing.
-    entries: HashTable<Entry>,
+    /// so a hit builds, formats and allocates nothing. On huge pages once
+    /// large: over 1 M keys a slot on 4 KiB pages cost a TLB miss per check.
+    entries: HashTable<Entry, HugePages>,
     /// Checks since expired entries were last swept; a sweep runs once this
     /// reaches the shard's size, so its cost is O(1) per check amortised.
     since_sweep: usize,

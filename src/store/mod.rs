@@ -5,6 +5,7 @@
 //! Both run the same algorithms (`crate::algorithm`) with the same key layout
 //! (`key`), so a check answers the same wherever the state is kept.
 
+mod huge_pages;
 pub mod key;
 mod memory;
 #[cfg(feature = "redis")]
