@@ -1,10 +1,10 @@
 //! Memory for the embedded store's tables on 2 MiB pages where the kernel
-//! offers them. A table of a million keys spans 256 MB; on 4 KiB pages a
-//! check over such a table misses the TLB on nearly every key, and on a
+//! offers them. The tables of a million keys span 141 MiB; on 4 KiB pages a
+//! check over them misses the TLB on nearly every key, and on a
 //! virtual machine each miss is a walk of two page tables (the guest's and
 //! the host's). Measured on this project's 2-core VM, a decision over 1 M
-//! keys took 604 ns on 4 KiB pages and 377 ns on 2 MiB ones
-//! (docs/performance.md, "Library").
+//! keys took 0.75–0.9× the time on 2 MiB pages that it took on 4 KiB ones
+//! (alternating runs; docs/performance.md, "Library").
 //!
 //! Linux's transparent huge pages usually run in `madvise` mode: only
 //! memory a process asks for gets them. [`HugePages`] asks, for every

@@ -36,7 +36,7 @@ pub const DEFAULT_CAPACITY: usize = 1_000_000;
 /// would reset its count, which a flood of fresh keys could then do at will.
 ///
 /// A shard's table of 2 MiB or more (from about 7,200 keys a shard, some
-/// 460,000 in the store) sits on transparent huge pages where Linux offers
+/// 500,000 in the store) sits on transparent huge pages where Linux offers
 /// them (`store::huge_pages`): the same bytes, fewer page-table walks.
 pub struct MemoryStore {
     /// `std::sync::Mutex`, not tokio's: no `.await` happens while one is held,
