@@ -296,7 +296,7 @@ impl MemoryStore {
         }
         let keys = self.state_ids(limits, key)?;
         let (order, mut guards) = self.lock_shards(&keys);
-        let slot = |hash: u64| order.binary_search(&(shard_of(hash))).unwrap_or(0);
+        let slot = |hash: u64| slot_in(&order, hash);
         for (id, hash) in &keys {
             let shard = &mut guards[slot(*hash)];
             if shard.entries.len() >= self.per_shard
@@ -405,7 +405,7 @@ impl MemoryStore {
     ) -> Result<Vec<(R, Decision)>, InvalidInput> {
         let keys = self.state_ids(limits, key)?;
         let (order, mut guards) = self.lock_shards(&keys);
-        let slot = |hash: u64| order.binary_search(&(shard_of(hash))).unwrap_or(0);
+        let slot = |hash: u64| slot_in(&order, hash);
         let mut out = Vec::with_capacity(limits.len());
         for (j, ((id, hash), limit)) in keys.iter().zip(limits).enumerate() {
             let shard = &mut guards[slot(*hash)];
@@ -483,6 +483,12 @@ impl MemoryStore {
             .map(|s| s.entries.allocation_size())
             .sum()
     }
+}
+
+/// Where the guard of `hash`'s shard is among guards taken in `order` (the
+/// sorted shard indexes [`MemoryStore::lock_shards`] answers).
+fn slot_in(order: &[usize], hash: u64) -> usize {
+    order.binary_search(&shard_of(hash)).unwrap_or(0)
 }
 
 /// The shard of a key whose hash is `hash`: from the hash's high half, since
