@@ -129,6 +129,9 @@ impl Drop for Cluster {
             for node in self.nodes.values() {
                 eprintln!("--- node {} log tail ---\n{}", node.id, node.log_tail());
             }
+            if let Some(failure) = super::last_panic() {
+                eprintln!("--- the failure (said again below the logs) ---\n{failure}");
+            }
         }
     }
 }
@@ -136,6 +139,7 @@ impl Drop for Cluster {
 impl Cluster {
     /// Starts `n` nodes; node 1 bootstraps the cluster with all of them.
     pub async fn start(n: u64, options: Options) -> Cluster {
+        super::remember_panics();
         let dir = tempfile::tempdir().expect("temp dir for the cluster");
         let pki = options.tls.then(|| Pki::new(&dir.path().join("pki")));
         let http = match &pki {

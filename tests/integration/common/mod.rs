@@ -33,6 +33,40 @@ pub fn meridian_bin() -> std::path::PathBuf {
         .unwrap_or_else(|| env!("CARGO_BIN_EXE_meridian").into())
 }
 
+std::thread_local! {
+    static LAST_PANIC: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Keeps each thread's last panic message (then prints it as the default
+/// hook does) so a harness that dumps logs while unwinding can say the
+/// failure again below them: CI keeps only the head and tail of a failed
+/// run's output, and a cluster's log tails pushed the message out of both.
+pub fn remember_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let place = info
+                .location()
+                .map(|l| format!("{}:{}", l.file(), l.line()))
+                .unwrap_or_default();
+            let message = info
+                .payload()
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            LAST_PANIC.with(|p| *p.borrow_mut() = Some(format!("{place}: {message}")));
+            default(info);
+        }));
+    });
+}
+
+/// This thread's last panic message, as [`remember_panics`] kept it.
+pub fn last_panic() -> Option<String> {
+    LAST_PANIC.with(|p| p.borrow().clone())
+}
+
 /// An HTTP client builder. reqwest is built with rustls but no crypto
 /// provider of its own (the binary installs ring at start); tests do the same.
 pub fn http_client() -> reqwest::ClientBuilder {
