@@ -3,7 +3,8 @@
 # redis-server, driven by `meridian bench` closed loop (10,000 keys, uniform,
 # 4 connections) over Envoy RLS, native gRPC and HTTP with 16 streams of single
 # checks, and native gRPC with 4 streams of batches of 100, for fixed_window and
-# sliding_window_counter; then, on the same Redis,
+# sliding_window_counter; the RLS row once more on a limiter with
+# `--store memory` (no Redis: the transport's floor); then, on the same Redis,
 # the pipelined redis-benchmark EVALSHA rate of the same two scripts (the
 # ceiling). Prints the table in docs/performance.md. Starts its own servers on
 # free ports and stops them.
@@ -42,15 +43,20 @@ descriptors:
     rate_limit: {name: sliding, unit: minute, requests_per_unit: 1000000}
 YAML
 
-RUST_LOG=meridian=warn "$limiter_bin" limiter --config "$dir/rules.yaml" --redis "$redis" \
-  --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 "$@" > "$dir/limiter.out" 2> "$dir/limiter.err" &
-limiter_pid=$!
-until grep -q 'grpc=' "$dir/limiter.out" 2>/dev/null; do
-  kill -0 "$limiter_pid" 2>/dev/null || { cat "$dir/limiter.err" >&2; exit 1; }
-  sleep 0.1
-done
-grpc=$(grep -o 'grpc=[^ ]*' "$dir/limiter.out" | head -1 | cut -d= -f2)
-http=$(grep -o 'http=[^ ]*' "$dir/limiter.out" | head -1 | cut -d= -f2)
+start_limiter() { # limiter flags... → $limiter_pid, $grpc, $http
+  [ -z "$limiter_pid" ] || { kill "$limiter_pid"; wait "$limiter_pid" 2>/dev/null || true; }
+  : > "$dir/limiter.out"
+  RUST_LOG=meridian=warn "$limiter_bin" limiter --config "$dir/rules.yaml" \
+    --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 "$@" > "$dir/limiter.out" 2> "$dir/limiter.err" &
+  limiter_pid=$!
+  until grep -q 'grpc=' "$dir/limiter.out" 2>/dev/null; do
+    kill -0 "$limiter_pid" 2>/dev/null || { cat "$dir/limiter.err" >&2; exit 1; }
+    sleep 0.1
+  done
+  grpc=$(grep -o 'grpc=[^ ]*' "$dir/limiter.out" | head -1 | cut -d= -f2)
+  http=$(grep -o 'http=[^ ]*' "$dir/limiter.out" | head -1 | cut -d= -f2)
+}
+start_limiter --redis "$redis" "$@"
 
 run() { # label algorithm streams api target args... → one JSON line in $dir/results
   local label=$1 algorithm=$2 streams=$3 api=$4 target=$5; shift 5
@@ -68,6 +74,11 @@ for algorithm in fixed sliding; do
   run "native gRPC, batches of 100" "$algorithm" 4 grpc "$grpc" --rule "$algorithm" --batch 100
   run "HTTP JSON" "$algorithm" 16 http "http://$http" --rule "$algorithm"
 done
+
+# The transport's floor: the same RLS row on a limiter with no store I/O at
+# all (`--store memory`), so what Redis adds to a check is the difference.
+start_limiter --store memory "$@"
+run "Envoy RLS, --store memory (no Redis)" fixed 16 rls "$grpc" --descriptor "fixed={key}"
 
 # The ceiling: the same scripts with the same arguments, pipelined straight into Redis.
 ceiling() { # script-file → checks/s
