@@ -128,7 +128,9 @@ pub struct BenchArgs {
     pub timeout: Duration,
 
     /// Open loop: most requests in flight; beyond it sending waits (and the wait shows in
-    /// the latency, which still counts from the scheduled time)
+    /// the latency, which still counts from the scheduled time). Over HTTP each request in
+    /// flight holds a connection of its own: keep N under the server's connection cap (a
+    /// limiter's --http-max-connections, 1024 by default) or a slow server resets some
     #[arg(long, value_name = "N", default_value_t = 10_000)]
     pub max_in_flight: usize,
 
