@@ -26,9 +26,9 @@ cargo build --profile dist --quiet --bin meridian
 meridian=target/dist/meridian
 limiter_bin=${MERIDIAN:-$meridian}
 
-limiter_pid=""
-on_exit() { [ -z "$limiter_pid" ] || kill "$limiter_pid" 2>/dev/null; }
+on_exit() { [ -z "${limiter_pid:-}" ] || kill "$limiter_pid" 2>/dev/null; }
 source benches/scratch_redis.sh
+source benches/scratch_limiter.sh
 
 # Limits high enough that every check reaches Redis (no over-limit cache hits),
 # and the same as benches/lua_scripts.sh uses, so the ceiling below is comparable.
@@ -43,20 +43,7 @@ descriptors:
     rate_limit: {name: sliding, unit: minute, requests_per_unit: 1000000}
 YAML
 
-start_limiter() { # limiter flags... → $limiter_pid, $grpc, $http
-  [ -z "$limiter_pid" ] || { kill "$limiter_pid"; wait "$limiter_pid" 2>/dev/null || true; }
-  : > "$dir/limiter.out"
-  RUST_LOG=meridian=warn "$limiter_bin" limiter --config "$dir/rules.yaml" \
-    --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 "$@" > "$dir/limiter.out" 2> "$dir/limiter.err" &
-  limiter_pid=$!
-  until grep -q 'grpc=' "$dir/limiter.out" 2>/dev/null; do
-    kill -0 "$limiter_pid" 2>/dev/null || { cat "$dir/limiter.err" >&2; exit 1; }
-    sleep 0.1
-  done
-  grpc=$(grep -o 'grpc=[^ ]*' "$dir/limiter.out" | head -1 | cut -d= -f2)
-  http=$(grep -o 'http=[^ ]*' "$dir/limiter.out" | head -1 | cut -d= -f2)
-}
-start_limiter --redis "$redis" "$@"
+start_limiter "$limiter_bin" --redis "$redis" "$@"
 
 run() { # label algorithm streams api target args... → one JSON line in $dir/results
   local label=$1 algorithm=$2 streams=$3 api=$4 target=$5; shift 5
@@ -77,7 +64,7 @@ done
 
 # The transport's floor: the same RLS row on a limiter with no store I/O at
 # all (`--store memory`), so what Redis adds to a check is the difference.
-start_limiter --store memory "$@"
+start_limiter "$limiter_bin" --store memory "$@"
 run "Envoy RLS, --store memory (no Redis)" fixed 16 rls "$grpc" --descriptor "fixed={key}"
 
 # The ceiling: the same scripts with the same arguments, pipelined straight into Redis.

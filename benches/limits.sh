@@ -20,9 +20,9 @@ done
 cargo build --profile dist --quiet --bin meridian
 meridian=${CARGO_TARGET_DIR:-target}/dist/meridian
 
-limiter_pid=""
-on_exit() { [ -z "$limiter_pid" ] || kill "$limiter_pid" 2>/dev/null; }
+on_exit() { [ -z "${limiter_pid:-}" ] || kill "$limiter_pid" 2>/dev/null; }
 source benches/scratch_redis.sh
+source benches/scratch_limiter.sh
 
 # Limits high enough that every check reaches Redis and is admitted.
 cat > "$dir/rules.yaml" <<'YAML'
@@ -41,14 +41,7 @@ descriptors:
       - {algorithm: sliding_window_counter, rate_limit: {unit: minute, requests_per_unit: 100000000}}
 YAML
 
-RUST_LOG=meridian=warn "$meridian" limiter --config "$dir/rules.yaml" --redis "$redis" \
-  --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 "$@" > "$dir/limiter.out" 2> "$dir/limiter.err" &
-limiter_pid=$!
-until grep -q 'grpc=' "$dir/limiter.out" 2>/dev/null; do
-  kill -0 "$limiter_pid" 2>/dev/null || { cat "$dir/limiter.err" >&2; exit 1; }
-  sleep 0.1
-done
-grpc=$(grep -o 'grpc=[^ ]*' "$dir/limiter.out" | head -1 | cut -d= -f2)
+start_limiter "$meridian" --redis "$redis" "$@"
 
 for round in $(seq "$rounds"); do
   for key in bucket sliding two; do
