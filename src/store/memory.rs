@@ -296,9 +296,8 @@ impl MemoryStore {
         }
         let keys = self.state_ids(limits, key)?;
         let (order, mut guards) = self.lock_shards(&keys);
-        let slot = |hash: u64| slot_in(&order, hash);
         for (id, hash) in &keys {
-            let shard = &mut guards[slot(*hash)];
+            let shard = &mut guards[slot_in(&order, *hash)];
             if shard.entries.len() >= self.per_shard
                 && shard.entries.find(*hash, |e| id.is(e)).is_none()
             {
@@ -311,7 +310,7 @@ impl MemoryStore {
         let mut decided = Vec::with_capacity(limits.len());
         let mut before = Vec::with_capacity(limits.len());
         for ((id, hash), limit) in keys.iter().zip(limits) {
-            let shard = &guards[slot(*hash)];
+            let shard = &guards[slot_in(&order, *hash)];
             let state = shard
                 .entries
                 .find(*hash, |e| id.is(e))
@@ -340,7 +339,7 @@ impl MemoryStore {
         }
         {
             for ((id, hash), (state, outcome)) in keys.iter().zip(&decided) {
-                let shard = &mut guards[slot(*hash)];
+                let shard = &mut guards[slot_in(&order, *hash)];
                 let entry = shard
                     .entries
                     .entry(*hash, |e| id.is(e), |e| e.hash)
@@ -405,10 +404,9 @@ impl MemoryStore {
     ) -> Result<Vec<(R, Decision)>, InvalidInput> {
         let keys = self.state_ids(limits, key)?;
         let (order, mut guards) = self.lock_shards(&keys);
-        let slot = |hash: u64| slot_in(&order, hash);
         let mut out = Vec::with_capacity(limits.len());
         for (j, ((id, hash), limit)) in keys.iter().zip(limits).enumerate() {
-            let shard = &mut guards[slot(*hash)];
+            let shard = &mut guards[slot_in(&order, *hash)];
             let held = shard.entries.find(*hash, |e| id.is(e)).is_some();
             if !held && shard.entries.len() >= self.per_shard {
                 let mut fresh = KeyState::fresh(limit.params.algorithm());
